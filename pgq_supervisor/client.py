@@ -1,0 +1,261 @@
+"""The producer API: enqueue in the caller's transaction, look jobs up, administer them.
+
+Every function takes the caller's connection and never commits it, so a job is enqueued
+exactly when the caller's own writes commit. `schema=None` means `$PGQ_SCHEMA` or "pgq".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import TypedDict, Unpack, overload
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
+
+from pgq_supervisor import db
+from pgq_supervisor import schema as migrations
+from pgq_supervisor.errors import InvalidInput, InvalidTransition
+from pgq_supervisor.jobs import (
+    TERMINAL_STATES,
+    Bundle,
+    BundleId,
+    JobId,
+    JobRecord,
+    JobState,
+    JsonValue,
+    NewJob,
+    TypeStats,
+)
+
+
+class EnqueueOptions(TypedDict, total=False):
+    priority: int
+    start_at: datetime | None
+    max_retry_count: int | None
+    unique_key: str | None
+    origin: str | None
+    timeout: float | None
+
+
+def _schema(schema: str | None) -> str:
+    return schema or db.default_schema()
+
+
+def _new_job(
+    type_: str,
+    payload: JsonValue,
+    priority: int,
+    start_at: datetime | None,
+    max_retry_count: int | None,
+    unique_key: str | None,
+    origin: str | None,
+    timeout: float | None,
+) -> NewJob:
+    return NewJob(
+        type=type_,
+        payload={} if payload is None else payload,
+        priority=priority,
+        start_at=start_at,
+        max_retry_count=max_retry_count,
+        unique_key=unique_key,
+        origin=origin,
+        timeout=timeout,
+    )
+
+
+def enqueue(
+    conn: db.Conn,
+    type: str,
+    payload: JsonValue = None,
+    *,
+    priority: int = 0,
+    start_at: datetime | None = None,
+    max_retry_count: int | None = None,
+    unique_key: str | None = None,
+    origin: str | None = None,
+    timeout: float | None = None,
+    schema: str | None = None,
+) -> JobId:
+    """Insert one job in the caller's transaction and return its id.
+
+    With `unique_key` set and an unfinished job already holding that key, nothing is
+    inserted and the existing job's id is returned. Raises InvalidInput for a bad type name,
+    a payload that is not JSON, or bad options; nothing is written then.
+    """
+    job = _new_job(type, payload, priority, start_at, max_retry_count, unique_key, origin, timeout)
+    return db.enqueue(conn, _schema(schema), job)
+
+
+async def enqueue_async(
+    conn: db.AsyncConn,
+    type: str,
+    payload: JsonValue = None,
+    *,
+    priority: int = 0,
+    start_at: datetime | None = None,
+    max_retry_count: int | None = None,
+    unique_key: str | None = None,
+    origin: str | None = None,
+    timeout: float | None = None,
+    schema: str | None = None,
+) -> JobId:
+    """`enqueue` for a psycopg.AsyncConnection."""
+    job = _new_job(type, payload, priority, start_at, max_retry_count, unique_key, origin, timeout)
+    return await db.enqueue_async(conn, _schema(schema), job)
+
+
+def enqueue_many(
+    conn: db.Conn, jobs: Sequence[NewJob], *, schema: str | None = None
+) -> list[JobId]:
+    """Insert many jobs in one statement (one notification per job type, not per row).
+
+    Returns ids in input order; a job whose unique_key is taken gets the holder's id.
+    """
+    return db.enqueue_many(conn, _schema(schema), jobs)
+
+
+def enqueue_bundle(
+    conn: db.Conn,
+    type: str,
+    jobs: Sequence[NewJob],
+    *,
+    on_complete: str | None = None,
+    origin: str | None = None,
+    schema: str | None = None,
+) -> Bundle:
+    """Insert a bundle and all its jobs atomically (a savepoint inside the caller's transaction).
+
+    When the last of its jobs reaches a terminal state, the completing transaction notifies
+    `pgq_bundle_stopped` and, if `on_complete` names a job type, enqueues that job once with
+    payload {"bundle_id": ...}.
+    """
+    if not jobs:
+        raise InvalidInput("a bundle needs at least one job")
+    if any(j.unique_key is not None for j in jobs):
+        raise InvalidInput("bundle jobs cannot have a unique_key (the bundle would miscount)")
+    s = _schema(schema)
+    with db.wrapped(), conn.transaction():
+        bundle = db.insert_bundle(conn, s, type, len(jobs), origin, on_complete)
+        db.enqueue_many(conn, s, jobs, bundle_id=bundle.id)
+    return bundle
+
+
+def get_job(conn: db.Conn, id: JobId, *, schema: str | None = None) -> JobRecord:
+    return db.get_job(conn, _schema(schema), id)
+
+
+def get_bundle(conn: db.Conn, id: BundleId, *, schema: str | None = None) -> Bundle:
+    return db.get_bundle(conn, _schema(schema), id)
+
+
+def cancel_job(conn: db.Conn, id: JobId, *, schema: str | None = None) -> None:
+    """Cancel a pending job. InvalidTransition if it is not pending, JobNotFound if unknown."""
+    blocked_by = db.cancel(conn, _schema(schema), id)
+    if blocked_by is not None:
+        raise InvalidTransition(
+            f"job {id} is {blocked_by.value}; only pending jobs can be cancelled"
+        )
+
+
+def reset_job(conn: db.Conn, id: JobId, *, force: bool = False, schema: str | None = None) -> None:
+    """Put a finished job back to pending with a fresh retry budget (history is kept).
+
+    A running job is refused unless `force`: its worker is then fenced out and its writes
+    are dropped, so the job cannot run twice to completion.
+    """
+    blocked_by = db.reset(conn, _schema(schema), id, force)
+    if blocked_by is not None:
+        hint = (
+            " (use force=True to take it from its worker)" if blocked_by is JobState.RUNNING else ""
+        )
+        raise InvalidTransition(f"job {id} is {blocked_by.value}; cannot reset it{hint}")
+
+
+def retry_failed(conn: db.Conn, *, type: str | None = None, schema: str | None = None) -> int:
+    """Reset every failed job (of one type, or all). Returns how many."""
+    return db.retry_failed(conn, _schema(schema), type)
+
+
+def delete_finished(
+    conn: db.Conn,
+    older_than: timedelta | float,
+    *,
+    states: Sequence[JobState] = tuple(TERMINAL_STATES),
+    schema: str | None = None,
+) -> int:
+    """Delete jobs that finished more than `older_than` ago; bundle counters stay true."""
+    seconds = older_than.total_seconds() if isinstance(older_than, timedelta) else older_than
+    if seconds < 0:
+        raise InvalidInput(f"older_than must be >= 0, got {seconds}")
+    bad = [s for s in states if s not in TERMINAL_STATES]
+    if bad:
+        raise InvalidInput(f"only finished jobs can be purged, not {bad[0].value}")
+    return db.delete_finished(conn, _schema(schema), seconds, states)
+
+
+def queue_stats(conn: db.Conn, *, schema: str | None = None) -> list[TypeStats]:
+    return db.queue_stats(conn, _schema(schema))
+
+
+def queue_depth(conn: db.Conn, type: str | None = None, *, schema: str | None = None) -> int:
+    """Jobs ready to run now (of one type, or all): what an autoscaler should size for."""
+    return db.depth(conn, _schema(schema), type)
+
+
+def migrate(conn: db.Conn, *, schema: str | None = None) -> list[int]:
+    """Apply pending migrations; returns the versions applied. Safe to run concurrently."""
+    return migrations.migrate(conn, _schema(schema))
+
+
+class Producer:
+    """Enqueues through a connection pool, one short transaction per call, for code that has
+    no transaction of its own. Works with ConnectionPool (sync methods) and
+    AsyncConnectionPool (the `_async` methods)."""
+
+    @overload
+    def __init__(self, pool: ConnectionPool[db.Conn], *, schema: str | None = None) -> None: ...
+    @overload
+    def __init__(
+        self, pool: AsyncConnectionPool[db.AsyncConn], *, schema: str | None = None
+    ) -> None: ...
+    def __init__(
+        self,
+        pool: ConnectionPool[db.Conn] | AsyncConnectionPool[db.AsyncConn],
+        *,
+        schema: str | None = None,
+    ) -> None:
+        self._pool = pool
+        self._schema = _schema(schema)
+
+    def _sync_pool(self) -> ConnectionPool[db.Conn]:
+        if not isinstance(self._pool, ConnectionPool):
+            raise TypeError("this Producer wraps an AsyncConnectionPool: use enqueue_async")
+        return self._pool
+
+    def _async_pool(self) -> AsyncConnectionPool[db.AsyncConn]:
+        if not isinstance(self._pool, AsyncConnectionPool):
+            raise TypeError("this Producer wraps a ConnectionPool: use enqueue")
+        return self._pool
+
+    def enqueue(
+        self, type: str, payload: JsonValue = None, **options: Unpack[EnqueueOptions]
+    ) -> JobId:
+        with self._sync_pool().connection() as conn, conn.transaction():
+            return enqueue(conn, type, payload, schema=self._schema, **options)
+
+    def enqueue_many(self, jobs: Sequence[NewJob]) -> list[JobId]:
+        with self._sync_pool().connection() as conn, conn.transaction():
+            return db.enqueue_many(conn, self._schema, jobs)
+
+    async def enqueue_async(
+        self, type: str, payload: JsonValue = None, **options: Unpack[EnqueueOptions]
+    ) -> JobId:
+        async with self._async_pool().connection() as conn, conn.transaction():
+            return await enqueue_async(conn, type, payload, schema=self._schema, **options)
+
+
+def connect(dsn: str, *, autocommit: bool = False) -> db.Conn:
+    """A plain psycopg connection (handy in scripts and the CLI)."""
+    with db.wrapped():
+        return psycopg.connect(dsn, autocommit=autocommit)

@@ -1,0 +1,491 @@
+"""The only module that executes SQL. Statements come from sql/queries.sql by name.
+
+Functions here never commit: the caller owns the transaction (or uses an autocommit
+connection). psycopg errors are wrapped once, here, into `DatabaseError`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import uuid
+from collections.abc import Iterator, Sequence
+from datetime import datetime
+from typing import Any, LiteralString
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg.rows import TupleRow
+
+from pgq_supervisor import sql as queries
+from pgq_supervisor.errors import DatabaseError, InvalidInput, JobNotFound
+from pgq_supervisor.jobs import (
+    Bundle,
+    BundleId,
+    EndedAttempt,
+    Job,
+    JobId,
+    JobRecord,
+    JobState,
+    JsonValue,
+    LeaseToken,
+    NewJob,
+    TypeStats,
+    check_type_name,
+)
+
+Conn = psycopg.Connection[TupleRow]
+AsyncConn = psycopg.AsyncConnection[TupleRow]
+
+DEFAULT_SCHEMA = "pgq"
+
+
+def default_schema() -> str:
+    return os.environ.get("PGQ_SCHEMA") or DEFAULT_SCHEMA
+
+
+@contextlib.contextmanager
+def wrapped() -> Iterator[None]:
+    """Turn psycopg's errors into ours, once, at the database boundary."""
+    try:
+        yield
+    except pg_errors.UniqueViolation as exc:
+        raise InvalidInput(f"unique_key conflict: {exc.diag.message_detail or exc}") from exc
+    except pg_errors.CheckViolation as exc:
+        raise InvalidInput(f"rejected by the database: {exc.diag.message_primary}") from exc
+    except psycopg.Error as exc:
+        raise DatabaseError(f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]}") from exc
+
+
+def _q(name: LiteralString, schema: str) -> psycopg.sql.Composed:
+    return queries.query(name, schema)
+
+
+def dump_json(value: object, what: str = "payload") -> str:
+    try:
+        return json.dumps(value, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInput(f"{what} is not JSON-serializable: {exc}") from exc
+
+
+# ---- enqueue --------------------------------------------------------------------------------
+
+
+def _validate(job: NewJob) -> None:
+    try:
+        check_type_name(job.type)
+    except ValueError as exc:
+        raise InvalidInput(str(exc)) from exc
+    if job.max_retry_count is not None and job.max_retry_count < 0:
+        raise InvalidInput(f"max_retry_count must be >= 0, got {job.max_retry_count}")
+    if job.timeout is not None and not job.timeout > 0:
+        raise InvalidInput(f"timeout must be > 0 seconds, got {job.timeout}")
+    if job.start_at is not None and job.start_at.tzinfo is None:
+        raise InvalidInput("start_at must be timezone-aware")
+
+
+def enqueue_params(job: NewJob) -> dict[str, object]:
+    _validate(job)
+    return {
+        "id": uuid.uuid4(),
+        "type": job.type,
+        "payload": dump_json(job.payload),
+        "priority": job.priority,
+        "start_at": job.start_at,
+        "max_retry_count": job.max_retry_count,
+        "unique_key": job.unique_key,
+        "origin": job.origin,
+        "timeout": job.timeout,
+    }
+
+
+def enqueue(conn: Conn, schema: str, job: NewJob) -> JobId:
+    params = enqueue_params(job)
+    with wrapped():
+        row = conn.execute(_q("enqueue", schema), params).fetchone()
+        if row is not None:
+            return JobId(row[0])
+        return _existing_for_keys(conn, schema, [job.unique_key])[0]
+
+
+async def enqueue_async(conn: AsyncConn, schema: str, job: NewJob) -> JobId:
+    params = enqueue_params(job)
+    with wrapped():
+        cur = await conn.execute(_q("enqueue", schema), params)
+        row = await cur.fetchone()
+        if row is not None:
+            return JobId(row[0])
+        cur = await conn.execute(
+            _q("unfinished_by_unique_keys", schema), {"keys": [job.unique_key]}
+        )
+        found = {k: JobId(i) for k, i in await cur.fetchall()}
+        return _resolve_existing([job.unique_key], found)[0]
+
+
+def _existing_for_keys(conn: Conn, schema: str, keys: list[str | None]) -> list[JobId]:
+    rows = conn.execute(_q("unfinished_by_unique_keys", schema), {"keys": keys}).fetchall()
+    return _resolve_existing(keys, {k: JobId(i) for k, i in rows})
+
+
+def _resolve_existing(keys: list[str | None], found: dict[str, JobId]) -> list[JobId]:
+    out = []
+    for key in keys:
+        if key is None or key not in found:
+            # The holder of the key finished between our insert and this look-up.
+            raise DatabaseError(f"unique_key {key!r} conflicted but its job is gone; retry")
+        out.append(found[key])
+    return out
+
+
+def enqueue_many_params(jobs: Sequence[NewJob], bundle_id: BundleId | None) -> dict[str, object]:
+    ids, types, payloads, priorities, start_ats = [], [], [], [], []
+    max_retries, keys, origins, timeouts = [], [], [], []
+    for job in jobs:
+        _validate(job)
+        ids.append(uuid.uuid4())
+        types.append(job.type)
+        payloads.append(dump_json(job.payload))
+        priorities.append(job.priority)
+        start_ats.append(job.start_at)
+        max_retries.append(job.max_retry_count)
+        keys.append(job.unique_key)
+        origins.append(job.origin)
+        timeouts.append(job.timeout)
+    seen: set[str] = set()
+    for key in keys:
+        if key is not None:
+            if key in seen:
+                raise InvalidInput(f"unique_key {key!r} appears twice in one batch")
+            seen.add(key)
+    return {
+        "bundle_id": bundle_id,
+        "ids": ids,
+        "types": types,
+        "payloads": payloads,
+        "priorities": priorities,
+        "start_ats": start_ats,
+        "max_retry_counts": max_retries,
+        "unique_keys": keys,
+        "origins": origins,
+        "timeouts": timeouts,
+    }
+
+
+def _ids_in_order(
+    params: dict[str, object], inserted: set[uuid.UUID]
+) -> tuple[list[JobId], list[int]]:
+    """Input-order ids; indexes of jobs not inserted (their unique_key was taken)."""
+    ids: list[uuid.UUID] = params["ids"]  # type: ignore[assignment]
+    missing = [i for i, job_id in enumerate(ids) if job_id not in inserted]
+    return [JobId(i) for i in ids], missing
+
+
+def enqueue_many(
+    conn: Conn, schema: str, jobs: Sequence[NewJob], bundle_id: BundleId | None = None
+) -> list[JobId]:
+    if not jobs:
+        return []
+    params = enqueue_many_params(jobs, bundle_id)
+    with wrapped():
+        rows = conn.execute(_q("enqueue_many", schema), params).fetchall()
+        out, missing = _ids_in_order(params, {r[0] for r in rows})
+        if missing:
+            keys = [jobs[i].unique_key for i in missing]
+            for i, existing in zip(missing, _existing_for_keys(conn, schema, keys), strict=True):
+                out[i] = existing
+    return out
+
+
+def insert_bundle(
+    conn: Conn, schema: str, type_: str, num_jobs: int, origin: str | None, on_complete: str | None
+) -> Bundle:
+    try:
+        check_type_name(type_)
+        if on_complete is not None:
+            check_type_name(on_complete)
+    except ValueError as exc:
+        raise InvalidInput(str(exc)) from exc
+    params = {
+        "id": uuid.uuid4(),
+        "type": type_,
+        "origin": origin,
+        "num_jobs": num_jobs,
+        "on_complete": on_complete,
+    }
+    with wrapped():
+        row = conn.execute(_q("insert_bundle", schema), params).fetchone()
+    assert row is not None
+    return _bundle(row)
+
+
+# ---- worker side ----------------------------------------------------------------------------
+
+
+def claim(
+    conn: Conn,
+    schema: str,
+    *,
+    worker_id: str,
+    types: Sequence[str],
+    max_retry_counts: Sequence[int],
+    limit: int,
+) -> list[Job]:
+    params = {
+        "types": list(types),
+        "max_retry_counts": list(max_retry_counts),
+        "limit": limit,
+        "worker_id": worker_id,
+        "lease": uuid.uuid4(),
+    }
+    with wrapped():
+        rows = conn.execute(_q("claim", schema), params).fetchall()
+    jobs = [
+        Job(
+            id=JobId(r[0]),
+            type=r[1],
+            payload=r[2],
+            priority=r[3],
+            attempt=r[4],
+            max_retry_count=r[5],
+            timeout=r[6],
+            bundle_id=BundleId(r[7]) if r[7] is not None else None,
+            lease=LeaseToken(r[8]),
+        )
+        for r in rows
+    ]
+    # RETURNING has no order; run the batch in claim order.
+    jobs.sort(key=lambda j: -j.priority)
+    return jobs
+
+
+def heartbeat(conn: Conn, schema: str, ids: Sequence[JobId], lease: LeaseToken) -> set[JobId]:
+    """Refresh `worker_alive_at`; returns the ids still held (the others lost their lease)."""
+    with wrapped():
+        rows = conn.execute(_q("heartbeat", schema), {"ids": list(ids), "lease": lease}).fetchall()
+    return {JobId(r[0]) for r in rows}
+
+
+def lock_bundles(conn: Conn, schema: str, bundle_ids: Sequence[BundleId]) -> None:
+    with wrapped():
+        conn.execute(_q("lock_bundles", schema), {"ids": sorted(set(bundle_ids))}).fetchall()
+
+
+def succeed(
+    conn: Conn, schema: str, lease: LeaseToken, results: Sequence[tuple[JobId, str | None]]
+) -> set[JobId]:
+    """Mark jobs succeeded with their (JSON-text) results; returns the ids still held."""
+    params = {"ids": [r[0] for r in results], "results": [r[1] for r in results], "lease": lease}
+    with wrapped():
+        rows = conn.execute(_q("succeed", schema), params).fetchall()
+    return {JobId(r[0]) for r in rows}
+
+
+def end_attempt(
+    conn: Conn,
+    schema: str,
+    ids: Sequence[JobId],
+    *,
+    error: str,
+    kind: str,
+    lease: LeaseToken | None = None,
+    worker_id: str | None = None,
+    error_data: JsonValue = None,
+    allow_retry: bool = True,
+    delay: float = 0.0,
+) -> list[EndedAttempt]:
+    params = {
+        "ids": list(ids),
+        "lease": lease,
+        "worker_id": worker_id,
+        # an empty message would leave the row unreadable; keep a placeholder
+        "error": error.strip() or "(no error message)",
+        "error_data": None if error_data is None else dump_json(error_data, "error_data"),
+        "kind": kind,
+        "allow_retry": allow_retry,
+        "delay": max(0.0, delay),
+    }
+    with wrapped():
+        rows = conn.execute(_q("end_attempt", schema), params).fetchall()
+    return [_ended(r) for r in rows]
+
+
+def release(
+    conn: Conn,
+    schema: str,
+    *,
+    ids: Sequence[JobId] | None = None,
+    lease: LeaseToken | None = None,
+    worker_id: str | None = None,
+) -> list[JobId]:
+    if ids is None and lease is None and worker_id is None:
+        raise ValueError("release needs ids, a lease or a worker id")
+    params = {"ids": None if ids is None else list(ids), "lease": lease, "worker_id": worker_id}
+    with wrapped():
+        rows = conn.execute(_q("release", schema), params).fetchall()
+    return [JobId(r[0]) for r in rows]
+
+
+def rescue(conn: Conn, schema: str, *, dead_after: float, limit: int = 1000) -> list[EndedAttempt]:
+    params = {
+        "dead_after": dead_after,
+        "limit": limit,
+        "error": f"worker died: no heartbeat for {dead_after:g} s",
+    }
+    with wrapped():
+        rows = conn.execute(_q("rescue", schema), params).fetchall()
+    return [_ended(r) for r in rows]
+
+
+def running_of_worker(conn: Conn, schema: str, worker_id: str) -> list[JobId]:
+    with wrapped():
+        rows = conn.execute(_q("running_of_worker", schema), {"worker_id": worker_id}).fetchall()
+    return [JobId(r[0]) for r in rows]
+
+
+def next_due(conn: Conn, schema: str, types: Sequence[str]) -> float | None:
+    with wrapped():
+        row = conn.execute(_q("next_due", schema), {"types": list(types)}).fetchone()
+    return None if row is None or row[0] is None else float(row[0])
+
+
+# ---- administration -------------------------------------------------------------------------
+
+
+def _job_state(conn: Conn, schema: str, job_id: JobId) -> JobState:
+    row = conn.execute(_q("job_state", schema), {"id": job_id}).fetchone()
+    if row is None:
+        raise JobNotFound(f"no job with id {job_id}")
+    return JobState(row[0])
+
+
+def cancel(conn: Conn, schema: str, job_id: JobId) -> JobState | None:
+    """Cancel a pending job. Returns None when done, else the state that prevented it."""
+    with wrapped():
+        if conn.execute(_q("cancel", schema), {"id": job_id}).fetchone() is not None:
+            return None
+        return _job_state(conn, schema, job_id)
+
+
+def reset(conn: Conn, schema: str, job_id: JobId, force: bool) -> JobState | None:
+    """Reset a job to pending. Returns None when done, else the state that prevented it."""
+    with wrapped():
+        if conn.execute(_q("reset", schema), {"id": job_id, "force": force}).fetchone():
+            return None
+        return _job_state(conn, schema, job_id)
+
+
+def retry_failed(conn: Conn, schema: str, type_: str | None) -> int:
+    with wrapped():
+        row = conn.execute(_q("retry_failed", schema), {"type": type_}).fetchone()
+    return 0 if row is None else int(row[0])
+
+
+def get_job(conn: Conn, schema: str, job_id: JobId) -> JobRecord:
+    with wrapped():
+        row = conn.execute(_q("get_job", schema), {"id": job_id}).fetchone()
+    if row is None:
+        raise JobNotFound(f"no job with id {job_id}")
+    return _job(row)
+
+
+def get_bundle(conn: Conn, schema: str, bundle_id: BundleId) -> Bundle:
+    with wrapped():
+        row = conn.execute(_q("get_bundle", schema), {"id": bundle_id}).fetchone()
+    if row is None:
+        raise JobNotFound(f"no bundle with id {bundle_id}")
+    return _bundle(row)
+
+
+def list_jobs(
+    conn: Conn, schema: str, state: JobState, type_: str | None, limit: int
+) -> list[JobRecord]:
+    params = {"state": state.value, "type": type_, "limit": limit}
+    with wrapped():
+        rows = conn.execute(_q("list_jobs", schema), params).fetchall()
+    return [_job(r) for r in rows]
+
+
+def delete_finished(
+    conn: Conn, schema: str, older_than: float, states: Sequence[JobState], batch: int = 5000
+) -> int:
+    """Delete finished jobs in batches, each in its own transaction when autocommit is on."""
+    total = 0
+    params = {"states": [s.value for s in states], "older_than": older_than, "limit": batch}
+    with wrapped():
+        while True:
+            n = conn.execute(_q("delete_finished", schema), params).rowcount
+            total += max(n, 0)
+            if n < batch:
+                break
+        conn.execute(_q("delete_empty_bundles", schema), {"older_than": older_than})
+    return total
+
+
+def queue_stats(conn: Conn, schema: str) -> list[TypeStats]:
+    with wrapped():
+        rows = conn.execute(_q("queue_stats", schema)).fetchall()
+    return [TypeStats(r[0], JobState(r[1]), r[2], r[3], r[4]) for r in rows]
+
+
+def depth(conn: Conn, schema: str, type_: str | None = None) -> int:
+    with wrapped():
+        row = conn.execute(_q("depth", schema), {"type": type_}).fetchone()
+    return 0 if row is None else int(row[0])
+
+
+def db_now(conn: Conn, schema: str) -> datetime:
+    with wrapped():
+        row = conn.execute(_q("now", schema)).fetchone()
+    assert row is not None
+    value: datetime = row[0]
+    return value
+
+
+# ---- rows -----------------------------------------------------------------------------------
+
+
+def _job(r: tuple[Any, ...]) -> JobRecord:
+    return JobRecord(
+        id=JobId(r[0]),
+        bundle_id=BundleId(r[1]) if r[1] is not None else None,
+        type=r[2],
+        payload=r[3],
+        priority=r[4],
+        origin=r[5],
+        state=JobState(r[6]),
+        max_retry_count=r[7],
+        current_retry_count=r[8],
+        start_at=r[9],
+        started_at=r[10],
+        stopped_at=r[11],
+        worker_alive_at=r[12],
+        worker_id=r[13],
+        timeout=r[14],
+        unique_key=r[15],
+        result=r[16],
+        error_msg=r[17],
+        error_data=r[18],
+        attempts=r[19],
+        created_at=r[20],
+        updated_at=r[21],
+    )
+
+
+def _bundle(r: tuple[Any, ...]) -> Bundle:
+    return Bundle(
+        id=BundleId(r[0]),
+        type=r[1],
+        origin=r[2],
+        num_jobs=r[3],
+        num_jobs_stopped=r[4],
+        on_complete=r[5],
+        created_at=r[6],
+        updated_at=r[7],
+    )
+
+
+def _ended(r: tuple[Any, ...]) -> EndedAttempt:
+    return EndedAttempt(
+        job_id=JobId(r[0]), job_type=r[1], new_state=JobState(r[2]), retry_count=r[3]
+    )

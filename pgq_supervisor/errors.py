@@ -1,0 +1,59 @@
+"""One error hierarchy for the whole package, and the CLI's exit codes."""
+
+from __future__ import annotations
+
+import enum
+
+
+class ExitCode(enum.IntEnum):
+    OK = 0
+    FAILURE = 1
+    USAGE = 2
+    APP_LOAD = 3
+
+
+class PgqError(Exception):
+    """Base of every error this package raises on purpose."""
+
+
+class ConfigError(PgqError):
+    """A setting or argument is invalid. The message names the setting."""
+
+
+class AppLoadError(PgqError):
+    """The `--app` target could not be imported or is not a Registry."""
+
+
+class InvalidInput(PgqError, ValueError):
+    """Input rejected before anything was written (bad type name, payload, option)."""
+
+
+class JobNotFound(PgqError, LookupError):
+    """No job (or bundle) has that id."""
+
+
+class InvalidTransition(PgqError):
+    """The job is not in a state that allows the requested change."""
+
+
+class LeaseLost(PgqError):
+    """The worker no longer holds the job: it was rescued, reset or already finished.
+
+    Nothing was written. The job belongs to whoever claimed it since.
+    """
+
+
+class DatabaseError(PgqError):
+    """A database operation failed (connection lost, server error). Wraps the psycopg error."""
+
+
+class DatabaseUnavailable(DatabaseError):
+    """The database could not be reached; the message tells host, auth and database apart."""
+
+
+class PermanentError(PgqError):
+    """Raised by a handler: fail this job now, without retrying it."""
+
+    def __init__(self, message: str = "permanent error", *, data: object = None) -> None:
+        super().__init__(message)
+        self.data = data

@@ -1,0 +1,150 @@
+"""Domain types. No I/O here, and no imports from the rest of the package."""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import NewType
+from uuid import UUID
+
+JobId = NewType("JobId", UUID)
+BundleId = NewType("BundleId", UUID)
+LeaseToken = NewType("LeaseToken", UUID)
+WorkerId = NewType("WorkerId", str)
+
+JsonValue = None | bool | int | float | str | list["JsonValue"] | dict[str, "JsonValue"]
+JsonObject = dict[str, JsonValue]
+
+MAX_TYPE_LENGTH = 100
+_TYPE_RE = re.compile(r"^[^\s\x00]{1,100}$")
+
+
+class JobState(enum.StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in TERMINAL_STATES
+
+
+TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+
+
+def check_type_name(type_: str) -> str:
+    """Return `type_` if it is a valid job type name (1..100 chars, no whitespace), else raise."""
+    if not isinstance(type_, str) or not _TYPE_RE.match(type_):
+        shown = type_ if isinstance(type_, str) and len(type_) <= 40 else f"{str(type_)[:40]}..."
+        raise ValueError(
+            f"invalid job type {shown!r}: must be 1 to {MAX_TYPE_LENGTH} characters without spaces"
+        )
+    return type_
+
+
+@dataclass(frozen=True, slots=True)
+class NewJob:
+    """A job to enqueue. `max_retry_count=None` and `timeout=None` mean the handler's default."""
+
+    type: str
+    payload: JsonValue = field(default_factory=dict)
+    priority: int = 0
+    start_at: datetime | None = None
+    max_retry_count: int | None = None
+    unique_key: str | None = None
+    origin: str | None = None
+    timeout: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    attempt: int
+    kind: str
+    error: str
+    worker: str | None
+    at: str
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    id: JobId
+    bundle_id: BundleId | None
+    type: str
+    payload: JsonValue
+    priority: int
+    origin: str | None
+    state: JobState
+    max_retry_count: int | None
+    current_retry_count: int
+    start_at: datetime
+    started_at: datetime | None
+    stopped_at: datetime | None
+    worker_alive_at: datetime | None
+    worker_id: str | None
+    timeout: float | None
+    unique_key: str | None
+    result: JsonValue
+    error_msg: str | None
+    error_data: JsonValue
+    attempts: list[JsonValue]
+    created_at: datetime
+    updated_at: datetime
+
+    @property
+    def attempt(self) -> int:
+        """1-based number of the attempt in progress (or the last one made)."""
+        return self.current_retry_count + 1
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """The job a handler runs, as its worker holds it. `lease` fences every write about it."""
+
+    id: JobId
+    type: str
+    payload: JsonValue
+    priority: int
+    attempt: int
+    max_retry_count: int
+    timeout: float | None
+    bundle_id: BundleId | None
+    lease: LeaseToken
+
+
+@dataclass(frozen=True, slots=True)
+class Bundle:
+    id: BundleId
+    type: str
+    origin: str | None
+    num_jobs: int
+    num_jobs_stopped: int
+    on_complete: str | None
+    created_at: datetime
+    updated_at: datetime
+
+    @property
+    def is_complete(self) -> bool:
+        return self.num_jobs > 0 and self.num_jobs_stopped == self.num_jobs
+
+
+@dataclass(frozen=True, slots=True)
+class EndedAttempt:
+    """A job whose attempt ended as a failure: `state` is pending (retry) or failed."""
+
+    job_id: JobId
+    job_type: str
+    new_state: JobState
+    retry_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class TypeStats:
+    type: str
+    state: JobState
+    count: int
+    ready: int
+    oldest_ready_age: float | None

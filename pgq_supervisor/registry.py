@@ -1,0 +1,155 @@
+"""Handlers, their payload validation and retry policy. No database, no processes."""
+
+from __future__ import annotations
+
+import inspect
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import pydantic
+
+from pgq_supervisor.errors import ConfigError, InvalidInput
+from pgq_supervisor.jobs import JsonValue, check_type_name
+
+F = TypeVar("F", bound=Callable[..., object])
+
+DEFAULT_MAX_RETRY_COUNT = 3
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """Exponential backoff with full jitter: retry n waits uniform(0, min(cap, base * 2**(n-1)))."""
+
+    base: float = 1.0
+    cap: float = 300.0
+
+    def __post_init__(self) -> None:
+        if self.base < 0 or self.cap < 0:
+            raise ConfigError(f"retry base and cap must be >= 0, got {self.base}, {self.cap}")
+
+    def __call__(self, attempt: int, rng: random.Random) -> float:
+        """Delay before the retry that follows failed attempt `attempt` (1-based)."""
+        ceiling = min(self.cap, self.base * math.pow(2.0, max(0, attempt - 1)))
+        return rng.uniform(0.0, ceiling)
+
+
+# A custom policy: (failed attempt number, rng) -> seconds to wait.
+Backoff = Callable[[int, random.Random], float]
+
+
+@dataclass(frozen=True, slots=True)
+class Handler:
+    type: str
+    func: Callable[..., object]
+    adapter: pydantic.TypeAdapter[object] | None
+    wants_job: bool
+    wants_conn: bool
+    timeout: float | None
+    max_retry_count: int
+    backoff: Backoff
+
+    def validate(self, payload: JsonValue) -> object:
+        """The payload as the handler's annotation wants it; InvalidInput if it does not fit."""
+        if self.adapter is None:
+            return payload
+        try:
+            return self.adapter.validate_python(payload)
+        except pydantic.ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "payload"
+            raise InvalidInput(
+                f"payload for {self.type!r} is invalid: {where}: {first['msg']}"
+                + (f" (+{exc.error_count() - 1} more)" if exc.error_count() > 1 else "")
+            ) from exc
+
+
+@dataclass
+class Registry:
+    """Maps job types to handlers.
+
+    >>> registry = Registry()
+    >>> @registry.handler("resize_image", timeout=60, max_retry_count=5)
+    ... def resize(payload: dict, job: Job) -> dict: ...
+    """
+
+    handlers: dict[str, Handler] = field(default_factory=dict)
+
+    def handler(
+        self,
+        type_: str,
+        *,
+        timeout: float | None = None,
+        max_retry_count: int = DEFAULT_MAX_RETRY_COUNT,
+        retry: RetryPolicy | Backoff | None = None,
+    ) -> Callable[[F], F]:
+        try:
+            check_type_name(type_)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
+        if timeout is not None and not timeout > 0:
+            raise ConfigError(f"handler {type_!r}: timeout must be > 0, got {timeout}")
+        if max_retry_count < 0:
+            raise ConfigError(f"handler {type_!r}: max_retry_count must be >= 0")
+
+        def register(func: F) -> F:
+            if type_ in self.handlers:
+                raise ConfigError(f"job type {type_!r} has two handlers")
+            self.handlers[type_] = _make_handler(
+                type_, func, timeout, max_retry_count, retry or RetryPolicy()
+            )
+            return func
+
+        return register
+
+    @property
+    def types(self) -> list[str]:
+        return sorted(self.handlers)
+
+    def get(self, type_: str) -> Handler:
+        try:
+            return self.handlers[type_]
+        except KeyError:
+            raise InvalidInput(f"no handler for job type {type_!r}") from None
+
+
+def _make_handler(
+    type_: str,
+    func: Callable[..., object],
+    timeout: float | None,
+    max_retry_count: int,
+    backoff: Backoff,
+) -> Handler:
+    sig = inspect.signature(func)
+    params = list(sig.parameters.values())
+    if not params or params[0].kind not in (
+        inspect.Parameter.POSITIONAL_ONLY,
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+    ):
+        raise ConfigError(f"handler {type_!r} must take the payload as its first parameter")
+    names = {p.name for p in params[1:]}
+    unknown = names - {"job", "conn"}
+    if unknown:
+        raise ConfigError(
+            f"handler {type_!r}: unknown parameters {sorted(unknown)} (allowed: job, conn)"
+        )
+    try:
+        hints = inspect.get_annotations(func, eval_str=True)
+    except Exception as exc:
+        raise ConfigError(f"handler {type_!r}: cannot resolve annotations: {exc}") from exc
+    annotation = hints.get(params[0].name, inspect.Parameter.empty)
+    adapter = None
+    if annotation is not inspect.Parameter.empty and annotation is not object:
+        adapter = pydantic.TypeAdapter(annotation)
+    return Handler(
+        type=type_,
+        func=func,
+        adapter=adapter,
+        wants_job="job" in names,
+        wants_conn="conn" in names,
+        timeout=timeout,
+        max_retry_count=max_retry_count,
+        backoff=backoff,
+    )

@@ -1,0 +1,104 @@
+"""Migration runner: numbered, forward-only SQL files applied under an advisory lock.
+
+Migrations live in `schema/NNNN_name.sql` at the top of the source tree and ship inside the
+wheel as `pgq_supervisor/schema/`. Each runs with `search_path` set to the target schema, so
+the files hold no schema name; identifiers are composed with psycopg.sql.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import LiteralString
+
+import psycopg
+from psycopg import sql
+from psycopg.rows import TupleRow
+
+from pgq_supervisor.db import wrapped
+from pgq_supervisor.errors import PgqError
+
+_FILE_RE = re.compile(r"^(\d{4})_(\w+)\.sql$")
+# Any constant shared by every pgq_supervisor process: concurrent migrate calls queue on it.
+_LOCK_KEY = 0x70677173  # "pgqs"
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    version: int
+    name: str
+    path: Path
+
+
+def migrations_dir() -> Path:
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "schema", here.parent / "schema"):
+        if candidate.is_dir():
+            return candidate
+    raise PgqError(f"migrations not found next to {here}")
+
+
+def available() -> list[Migration]:
+    found = []
+    for path in sorted(migrations_dir().iterdir()):
+        m = _FILE_RE.match(path.name)
+        if m:
+            found.append(Migration(int(m.group(1)), m.group(2), path))
+    versions = [m.version for m in found]
+    if versions != list(range(1, len(found) + 1)):
+        raise PgqError(f"migration numbers must run 1..N without gaps, found {versions}")
+    return found
+
+
+def applied_versions(conn: psycopg.Connection[TupleRow], schema: str) -> list[int]:
+    with wrapped():
+        exists = conn.execute(
+            "SELECT 1 FROM pg_tables WHERE schemaname = %s AND tablename = 'schema_version'",
+            (schema,),
+        ).fetchone()
+        if exists is None:
+            return []
+        rows = conn.execute(
+            sql.SQL("SELECT version FROM {}.schema_version ORDER BY version").format(
+                sql.Identifier(schema)
+            )
+        ).fetchall()
+    return [int(r[0]) for r in rows]
+
+
+def migrate(conn: psycopg.Connection[TupleRow], schema: str) -> list[int]:
+    """Bring `schema` up to the newest migration. Returns the versions applied now.
+
+    Safe to call from many processes at once: they serialise on an advisory lock and the later
+    ones find nothing to do. Everything happens in one transaction: a failing migration
+    leaves the database as it was.
+    """
+    ident = sql.Identifier(schema)
+    done: list[int] = []
+    with wrapped(), conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
+        conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(ident))
+        conn.execute(
+            sql.SQL(
+                "CREATE TABLE IF NOT EXISTS {}.schema_version ("
+                " version integer PRIMARY KEY, name text NOT NULL,"
+                " applied_at timestamptz NOT NULL DEFAULT now())"
+            ).format(ident)
+        )
+        current = set(applied_versions(conn, schema))
+        conn.execute(sql.SQL("SET LOCAL search_path TO {}, pg_catalog").format(ident))
+        for mig in available():
+            if mig.version in current:
+                continue
+            # Our own packaged file, never input.
+            text: LiteralString = mig.path.read_text(encoding="utf-8")
+            conn.execute(text)
+            conn.execute(
+                sql.SQL("INSERT INTO {}.schema_version (version, name) VALUES (%s, %s)").format(
+                    ident
+                ),
+                (mig.version, mig.name),
+            )
+            done.append(mig.version)
+    return done

@@ -1,0 +1,208 @@
+-- Every statement the runtime executes, as named blocks. `{schema}` is replaced by the quoted
+-- schema identifier (psycopg.sql); parameters are %(name)s placeholders.
+
+-- name: enqueue
+-- One job. A unique_key already held by an unfinished job makes this insert nothing.
+INSERT INTO {schema}.job (id, type, payload, priority, start_at, max_retry_count, unique_key,
+                          origin, timeout)
+VALUES (%(id)s, %(type)s, %(payload)s, %(priority)s, coalesce(%(start_at)s, now()),
+        %(max_retry_count)s, %(unique_key)s, %(origin)s, %(timeout)s)
+ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state IN ('pending', 'running')
+DO NOTHING
+RETURNING id
+
+-- name: enqueue_many
+-- Many jobs in one statement from parallel arrays; ids are made by the client so the caller
+-- gets them back in input order. The statement-level trigger notifies once per type.
+INSERT INTO {schema}.job (id, bundle_id, type, payload, priority, start_at, max_retry_count,
+                          unique_key, origin, timeout)
+SELECT n.id, %(bundle_id)s, n.type, n.payload, n.priority, coalesce(n.start_at, now()),
+       n.max_retry_count, n.unique_key, n.origin, n.timeout
+FROM unnest(%(ids)s::uuid[], %(types)s::text[], %(payloads)s::jsonb[], %(priorities)s::int[],
+            %(start_ats)s::timestamptz[], %(max_retry_counts)s::int[], %(unique_keys)s::text[],
+            %(origins)s::text[], %(timeouts)s::float8[])
+     AS n(id, type, payload, priority, start_at, max_retry_count, unique_key, origin, timeout)
+ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state IN ('pending', 'running')
+DO NOTHING
+RETURNING id
+
+-- name: unfinished_by_unique_keys
+SELECT unique_key, id FROM {schema}.job
+WHERE unique_key = ANY(%(keys)s::text[]) AND state IN ('pending', 'running')
+
+-- name: insert_bundle
+INSERT INTO {schema}.job_bundle (id, type, origin, num_jobs, on_complete)
+VALUES (%(id)s, %(type)s, %(origin)s, %(num_jobs)s, %(on_complete)s)
+RETURNING id, type, origin, num_jobs, num_jobs_stopped, on_complete, created_at, updated_at
+
+-- name: claim
+-- Takes up to `limit` eligible jobs of the served types, highest priority then oldest, skipping
+-- rows other workers hold, and marks them running under a fresh lease. Walks job_claim_idx.
+-- A job enqueued without max_retry_count gets its handler's default here.
+WITH picked AS (
+    SELECT j.id
+    FROM {schema}.job j
+    WHERE j.state = 'pending' AND j.start_at <= now() AND j.type = ANY(%(types)s::text[])
+    ORDER BY j.priority DESC, j.created_at, j.id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {schema}.job j
+SET state = 'running', started_at = now(), worker_alive_at = now(), worker_id = %(worker_id)s,
+    lease = %(lease)s, updated_at = now(),
+    max_retry_count = coalesce(j.max_retry_count, d.max_retry_count)
+FROM picked,
+     unnest(%(types)s::text[], %(max_retry_counts)s::int[]) AS d(type, max_retry_count)
+WHERE j.id = picked.id AND d.type = j.type
+RETURNING j.id, j.type, j.payload, j.priority, j.current_retry_count + 1 AS attempt,
+          j.max_retry_count, j.timeout, j.bundle_id, j.lease
+
+-- name: heartbeat
+-- Fenced: only jobs still running under this lease are touched. Does not change an indexed
+-- column, so the update stays HOT.
+UPDATE {schema}.job SET worker_alive_at = now()
+WHERE id = ANY(%(ids)s::uuid[]) AND state = 'running' AND lease = %(lease)s
+RETURNING id
+
+-- name: lock_bundles
+-- Bundle counters are updated by a row trigger; taking the bundle rows first, in id order,
+-- keeps concurrent batch completions from deadlocking on them.
+SELECT id FROM {schema}.job_bundle WHERE id = ANY(%(ids)s::uuid[]) ORDER BY id FOR NO KEY UPDATE
+
+-- name: succeed
+-- Fenced batch completion. Returns the ids it completed; the rest had lost their lease.
+WITH done AS (
+    UPDATE {schema}.job j
+    SET state = 'succeeded', stopped_at = now(), worker_alive_at = NULL, lease = NULL,
+        result = r.result, updated_at = now()
+    FROM unnest(%(ids)s::uuid[], %(results)s::jsonb[]) AS r(id, result)
+    WHERE j.id = r.id AND j.state = 'running' AND j.lease = %(lease)s
+    RETURNING j.id
+)
+SELECT d.id
+FROM done d
+LEFT JOIN (SELECT pg_notify('pgq_job_stopped', string_agg(id::text, ',')) AS sent
+           FROM done HAVING count(*) > 0) n ON true
+
+-- name: end_attempt
+-- A failed attempt: retry after `delay` seconds if allowed and attempts are left, else failed.
+SELECT job_id, job_type, new_state, retry_count
+FROM {schema}.end_attempt(%(ids)s::uuid[], %(lease)s::uuid, %(worker_id)s::text, %(error)s::text,
+                          %(error_data)s::jsonb, %(kind)s::text, %(allow_retry)s::boolean,
+                          %(delay)s::float8)
+
+-- name: release
+-- Back to pending without consuming an attempt. NULL filters match everything.
+SELECT id FROM {schema}.release_jobs(%(ids)s::uuid[], %(lease)s::uuid, %(worker_id)s::text) AS id
+
+-- name: rescue
+-- Jobs whose heartbeat is older than dead_after by the database clock lost their worker: end
+-- that attempt as a worker death. SKIP LOCKED makes concurrent rescuers (and a worker finishing
+-- right now) safe; what is skipped is looked at again next round.
+SELECT job_id, job_type, new_state, retry_count
+FROM {schema}.end_attempt(
+    ARRAY(SELECT j.id FROM {schema}.job j
+          WHERE j.state = 'running'
+            AND j.worker_alive_at < now() - make_interval(secs => %(dead_after)s)
+          ORDER BY j.id
+          LIMIT %(limit)s
+          FOR UPDATE SKIP LOCKED),
+    NULL, NULL, %(error)s, NULL, 'rescued', true, 0)
+
+-- name: running_of_worker
+SELECT id FROM {schema}.job WHERE state = 'running' AND worker_id = %(worker_id)s
+
+-- name: cancel
+WITH done AS (
+    UPDATE {schema}.job SET state = 'cancelled', stopped_at = now(), updated_at = now()
+    WHERE id = %(id)s AND state = 'pending'
+    RETURNING id
+)
+SELECT d.id, pg_notify('pgq_job_stopped', d.id::text) FROM done d
+
+-- name: reset
+-- A finished job back to pending with a fresh retry budget; a running one only when forced
+-- (its worker is fenced out because the lease is cleared). The attempt history is kept.
+WITH done AS (
+    UPDATE {schema}.job
+    SET state = 'pending', current_retry_count = 0, start_at = now(), started_at = NULL,
+        stopped_at = NULL, worker_alive_at = NULL, worker_id = NULL, lease = NULL,
+        result = NULL, error_msg = NULL, error_data = NULL, updated_at = now()
+    WHERE id = %(id)s
+      AND (state IN ('succeeded', 'failed', 'cancelled') OR (%(force)s AND state = 'running'))
+    RETURNING id, type
+)
+SELECT d.id, pg_notify('pgq_job_available', d.type) FROM done d
+
+-- name: retry_failed
+-- Every failed job (of one type, or all) back to pending with a fresh retry budget.
+WITH done AS (
+    UPDATE {schema}.job
+    SET state = 'pending', current_retry_count = 0, start_at = now(), started_at = NULL,
+        stopped_at = NULL, worker_alive_at = NULL, worker_id = NULL, lease = NULL,
+        result = NULL, error_msg = NULL, error_data = NULL, updated_at = now()
+    WHERE state = 'failed' AND (%(type)s::text IS NULL OR type = %(type)s)
+    RETURNING id, type
+)
+SELECT count(*), (SELECT count(pg_notify('pgq_job_available', t.type))
+                  FROM (SELECT DISTINCT type FROM done) t)
+FROM done
+
+-- name: get_job
+SELECT id, bundle_id, type, payload, priority, origin, state, max_retry_count,
+       current_retry_count, start_at, started_at, stopped_at, worker_alive_at, worker_id,
+       timeout, unique_key, result, error_msg, error_data, attempts, created_at, updated_at
+FROM {schema}.job WHERE id = %(id)s
+
+-- name: job_state
+SELECT state FROM {schema}.job WHERE id = %(id)s
+
+-- name: get_bundle
+SELECT id, type, origin, num_jobs, num_jobs_stopped, on_complete, created_at, updated_at
+FROM {schema}.job_bundle WHERE id = %(id)s
+
+-- name: list_jobs
+SELECT id, bundle_id, type, payload, priority, origin, state, max_retry_count,
+       current_retry_count, start_at, started_at, stopped_at, worker_alive_at, worker_id,
+       timeout, unique_key, result, error_msg, error_data, attempts, created_at, updated_at
+FROM {schema}.job
+WHERE state = %(state)s AND (%(type)s::text IS NULL OR type = %(type)s)
+ORDER BY updated_at DESC
+LIMIT %(limit)s
+
+-- name: delete_finished
+-- Batched so a large purge never holds many locks; the delete trigger keeps bundle counters true.
+WITH doomed AS (
+    SELECT id FROM {schema}.job
+    WHERE state = ANY(%(states)s::{schema}.job_state[])
+      AND stopped_at < now() - make_interval(secs => %(older_than)s)
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM {schema}.job j USING doomed WHERE j.id = doomed.id
+
+-- name: delete_empty_bundles
+DELETE FROM {schema}.job_bundle b
+WHERE b.num_jobs = 0 AND b.created_at < now() - make_interval(secs => %(older_than)s)
+
+-- name: queue_stats
+SELECT type, state, count(*)::int AS count,
+       (count(*) FILTER (WHERE state = 'pending' AND start_at <= now()))::int AS ready,
+       extract(epoch FROM now() - min(start_at) FILTER (
+           WHERE state = 'pending' AND start_at <= now()))::float8 AS oldest_ready_age
+FROM {schema}.job
+GROUP BY type, state
+ORDER BY type, state
+
+-- name: depth
+-- Ready jobs: what an autoscaler should size workers for.
+SELECT count(*)::int FROM {schema}.job
+WHERE state = 'pending' AND start_at <= now() AND (%(type)s::text IS NULL OR type = %(type)s)
+
+-- name: next_due
+-- Seconds until the earliest delayed job of the served types becomes eligible.
+SELECT extract(epoch FROM min(start_at) - now())::float8 FROM {schema}.job
+WHERE state = 'pending' AND start_at > now() AND type = ANY(%(types)s::text[])
+
+-- name: now
+SELECT now()

@@ -1,0 +1,103 @@
+"""Helpers for users' own tests: run a job inline, drain the queue synchronously in-process.
+
+`drain` goes through the same claim, fencing and outcome writes as a real worker, on the
+caller's database, so a test sees exactly the rows production would write.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Collection
+from dataclasses import dataclass, field
+
+from pgq_supervisor import db
+from pgq_supervisor.executor import Executor, Outcome
+from pgq_supervisor.jobs import Job, JobId, JsonValue, LeaseToken
+from pgq_supervisor.registry import Registry
+
+_ZERO = uuid.UUID(int=0)
+
+
+def run_inline(registry: Registry, type: str, payload: JsonValue = None) -> object:
+    """Validate `payload` and call the handler of `type` directly: no database, no retries.
+
+    Handlers that take `conn` cannot run this way (use `drain`)."""
+    handler = registry.get(type)
+    if handler.wants_conn:
+        raise TypeError(f"handler {type!r} takes conn: run it with drain() on a database")
+    value = handler.validate({} if payload is None else payload)
+    kwargs: dict[str, object] = {}
+    if handler.wants_job:
+        kwargs["job"] = Job(
+            id=JobId(_ZERO),
+            type=type,
+            payload=payload,
+            priority=0,
+            attempt=1,
+            max_retry_count=handler.max_retry_count,
+            timeout=handler.timeout,
+            bundle_id=None,
+            lease=LeaseToken(_ZERO),
+        )
+    return handler.func(value, **kwargs)
+
+
+@dataclass
+class DrainResult:
+    outcomes: list[Outcome] = field(default_factory=list)
+
+    def count(self, kind: str) -> int:
+        return sum(1 for o in self.outcomes if o.kind == kind)
+
+    @property
+    def succeeded(self) -> int:
+        return self.count("succeeded")
+
+    @property
+    def failed(self) -> int:
+        return self.count("failed")
+
+    @property
+    def retried(self) -> int:
+        return self.count("retried")
+
+
+def drain(
+    conn: db.Conn,
+    registry: Registry,
+    *,
+    ignore: Collection[str] = (),
+    max_jobs: int | None = None,
+    batch: int = 10,
+    schema: str | None = None,
+) -> DrainResult:
+    """Run ready jobs of the registry's types (minus `ignore`) until none is ready.
+
+    `conn` must be in autocommit mode: each outcome commits as the worker's would. Retries
+    whose backoff has not elapsed are left pending.
+    """
+    if not conn.autocommit:
+        raise ValueError("drain() needs an autocommit connection")
+    s = schema or db.default_schema()
+    types = [t for t in registry.types if t not in ignore]
+    executor = Executor(conn, s, registry, f"testing:{os.getpid()}")
+    result = DrainResult()
+    while types and (max_jobs is None or len(result.outcomes) < max_jobs):
+        limit = batch if max_jobs is None else min(batch, max_jobs - len(result.outcomes))
+        jobs = db.claim(
+            conn,
+            s,
+            worker_id=executor.worker_id,
+            types=types,
+            max_retry_counts=[registry.handlers[t].max_retry_count for t in types],
+            limit=limit,
+        )
+        if not jobs:
+            break
+        for job in jobs:
+            outcome = executor.run(job)
+            if outcome is not None:
+                result.outcomes.append(outcome)
+        result.outcomes.extend(executor.flush())
+    return result

