@@ -16,6 +16,7 @@ from typing import Any, LiteralString
 
 import psycopg
 from psycopg import errors as pg_errors
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import TupleRow
 
 from pgq_supervisor import sql as queries
@@ -489,3 +490,47 @@ def _ended(r: tuple[Any, ...]) -> EndedAttempt:
     return EndedAttempt(
         job_id=JobId(r[0]), job_type=r[1], new_state=JobState(r[2]), retry_count=r[3]
     )
+
+
+# ---- connecting -----------------------------------------------------------------------------
+
+
+def describe_connect_error(exc: psycopg.OperationalError) -> str:
+    """One line that tells wrong host, wrong password and missing database apart."""
+    text = str(exc).strip()
+    low = text.lower()
+    if "password authentication failed" in low or "no password supplied" in low:
+        kind = "authentication failed (wrong user or password)"
+    elif "does not exist" in low and "database" in low:
+        kind = "database does not exist"
+    elif "role" in low and "does not exist" in low:
+        kind = "user does not exist"
+    elif any(s in low for s in ("could not translate host", "name or service not known")):
+        kind = "unknown host"
+    elif any(s in low for s in ("connection refused", "no such file or directory", "timeout")):
+        kind = "server not reachable"
+    else:
+        kind = "cannot connect"
+    detail = next((ln for ln in reversed(text.splitlines()) if ln.strip()), text)
+    return f"{kind}: {detail.strip()}"
+
+
+def is_permanent_connect_error(exc: psycopg.OperationalError) -> bool:
+    """Wrong password, user or database: retrying will not help."""
+    low = str(exc).lower()
+    return "authentication failed" in low or "does not exist" in low or "no password" in low
+
+
+def connect(dsn: str, *, autocommit: bool = True, application_name: str = "pgq_supervisor") -> Conn:
+    with wrapped():
+        return psycopg.connect(dsn, autocommit=autocommit, application_name=application_name)
+
+
+def redact(dsn: str) -> str:
+    """The DSN without its password, for logs and process titles."""
+    try:
+        params = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        return "<unparsable dsn>"
+    params.pop("password", None)
+    return " ".join(f"{k}={v}" for k, v in params.items())

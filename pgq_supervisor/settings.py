@@ -1,0 +1,82 @@
+"""Settings: command-line flags, then PGQ_* environment variables, then a .env file.
+
+Validated once, at construction; every error names the setting.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Literal, Self, cast
+
+from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from pgq_supervisor.errors import ConfigError
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="PGQ_", env_file=".env", env_file_encoding="utf-8", extra="ignore"
+    )
+
+    dsn: str | None = Field(None, description="PostgreSQL connection string; unset = embedded")
+    app: str | None = Field(None, description="module:attribute of the handlers' Registry")
+    procs: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1, le=512)
+    types: list[str] | None = Field(None, description="serve only these job types")
+    heartbeat_interval: float = Field(5.0, gt=0)
+    dead_after: float = Field(30.0, gt=0)
+    poll_interval: float = Field(2.0, gt=0)
+    rescue_interval: float = Field(10.0, gt=0)
+    shutdown_timeout: float = Field(30.0, ge=0)
+    connect_timeout: float = Field(15.0, gt=0, description="start-up wait for the database")
+    max_jobs_per_child: int | None = Field(None, ge=1)
+    max_memory_per_child: int | None = Field(None, ge=1, description="MiB of RSS")
+    claim_batch: int = Field(100, ge=1, le=200, description="most jobs one claim may take")
+    metrics_port: int | None = Field(None, ge=0, le=65535)
+    metrics_host: str = "0.0.0.0"
+    retain_succeeded: float | None = Field(None, gt=0, description="seconds; unset keeps all")
+    retain_failed: float | None = Field(None, gt=0, description="seconds; unset keeps all")
+    log_format: Literal["text", "json"] = "text"
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # "schema" would shadow BaseModel.schema; the flag and env names stay --schema / PGQ_SCHEMA
+    db_schema: str = Field(
+        "pgq", validation_alias=AliasChoices("schema", "PGQ_SCHEMA"), min_length=1, max_length=63
+    )
+
+    @field_validator("types", mode="before")
+    @classmethod
+    def _split_types(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [t.strip() for t in value.split(",") if t.strip()]
+        return value
+
+    @field_validator("log_level", "log_format", mode="before")
+    @classmethod
+    def _lower(cls, value: object) -> object:
+        return value.lower() if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if self.dead_after < 3 * self.heartbeat_interval:
+            raise ValueError(
+                f"dead_after ({self.dead_after:g} s) must be at least 3 x heartbeat_interval"
+                f" ({self.heartbeat_interval:g} s)"
+            )
+        return self
+
+
+def load_settings(**flags: object) -> Settings:
+    """Settings from flags (None = not given), then PGQ_* env, then .env. ConfigError if bad."""
+    given = {k: v for k, v in flags.items() if v is not None}
+    try:
+        if "db_schema" in given:
+            given["schema"] = given.pop("db_schema")
+        return Settings(**cast(dict[str, Any], given))
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"]) or "settings"
+        msg = err["msg"].removeprefix("Value error, ")
+        if loc in ("settings", ""):
+            raise ConfigError(msg) from exc
+        name = {"db_schema": "schema", "PGQ_SCHEMA": "schema"}.get(loc, loc)
+        raise ConfigError(f"invalid setting {name}: {msg}") from exc
