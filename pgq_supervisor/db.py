@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from datetime import datetime
@@ -20,7 +21,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import TupleRow
 
 from pgq_supervisor import sql as queries
-from pgq_supervisor.errors import DatabaseError, InvalidInput, JobNotFound
+from pgq_supervisor.errors import DatabaseError, DatabaseUnavailable, InvalidInput, JobNotFound
 from pgq_supervisor.jobs import (
     Bundle,
     BundleId,
@@ -153,6 +154,9 @@ def enqueue_many_params(jobs: Sequence[NewJob], bundle_id: BundleId | None) -> d
         keys.append(job.unique_key)
         origins.append(job.origin)
         timeouts.append(job.timeout)
+    # Ascending ids in input order: rows of one statement can share created_at, and the claim
+    # breaks that tie by id, so this keeps a batch FIFO.
+    ids.sort()
     seen: set[str] = set()
     for key in keys:
         if key is not None:
@@ -423,9 +427,10 @@ def delete_finished(
     return total
 
 
-def queue_stats(conn: Conn, schema: str) -> list[TypeStats]:
+def queue_stats(conn: Conn, schema: str, *, active_only: bool = False) -> list[TypeStats]:
+    """Counts per type and state; `active_only` reads just pending and running jobs (cheap)."""
     with wrapped():
-        rows = conn.execute(_q("queue_stats", schema)).fetchall()
+        rows = conn.execute(_q("active_stats" if active_only else "queue_stats", schema)).fetchall()
     return [TypeStats(r[0], JobState(r[1]), r[2], r[3], r[4]) for r in rows]
 
 
@@ -534,3 +539,34 @@ def redact(dsn: str) -> str:
         return "<unparsable dsn>"
     params.pop("password", None)
     return " ".join(f"{k}={v}" for k, v in params.items())
+
+
+def connect_at_startup(dsn: str, timeout: float) -> Conn:
+    """Connect, retrying a database that is not reachable yet for up to `timeout` seconds.
+
+    Wrong password, unknown user and missing database fail at once: waiting cannot fix them.
+    Raises DatabaseUnavailable with one line that says which it was.
+    """
+    deadline = time.monotonic() + timeout
+    delay = 0.2
+    while True:
+        try:
+            return psycopg.connect(
+                dsn, autocommit=True, application_name="pgq-supervisor", connect_timeout=5
+            )
+        except psycopg.OperationalError as exc:
+            if is_permanent_connect_error(exc) or time.monotonic() + delay > deadline:
+                raise DatabaseUnavailable(
+                    f"cannot connect to {redact(dsn)}: {describe_connect_error(exc)}"
+                ) from exc
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+
+def summary_by_origin(
+    conn: Conn, schema: str, origin: str
+) -> list[tuple[str, JobState, int, float | None, int]]:
+    """(type, state, count, mean seconds, failed attempts) for the jobs of one origin."""
+    with wrapped():
+        rows = conn.execute(_q("summary_by_origin", schema), {"origin": origin}).fetchall()
+    return [(r[0], JobState(r[1]), r[2], r[3], r[4] or 0) for r in rows]

@@ -22,7 +22,7 @@ import pydantic
 
 from pgq_supervisor import db
 from pgq_supervisor.errors import InvalidInput, LeaseLost, PermanentError
-from pgq_supervisor.jobs import Job, JobState, JsonValue, LeaseToken
+from pgq_supervisor.jobs import Job, JobState, JsonValue
 from pgq_supervisor.registry import Handler, Registry
 
 log = logging.getLogger(__name__)
@@ -118,20 +118,21 @@ class Executor:
         return self._done(job, start)
 
     def flush(self) -> list[Outcome]:
-        """Write buffered successes in one statement (locking their bundles first, in order)."""
-        if not self._pending:
-            return []
-        batch, self._pending = self._pending, []
-        by_lease: dict[LeaseToken, list[tuple[Job, str | None, float]]] = {}
-        for item in batch:
-            by_lease.setdefault(item[0].lease, []).append(item)
-        outcomes = []
-        for lease, items in by_lease.items():
+        """Write buffered successes, one statement per lease (bundles locked first, in order).
+
+        On a database error the unwritten successes stay buffered: flush again after
+        reconnecting (the writes are fenced, so a retry can never double-complete a job).
+        """
+        outcomes: list[Outcome] = []
+        while self._pending:
+            lease = self._pending[0][0].lease
+            items = [it for it in self._pending if it[0].lease == lease]
             bundles = [j.bundle_id for j, _, _ in items if j.bundle_id is not None]
             with self.conn.transaction():
                 if bundles:
                     db.lock_bundles(self.conn, self.schema, bundles)
                 held = db.succeed(self.conn, self.schema, lease, [(j.id, r) for j, r, _ in items])
+            self._pending = [it for it in self._pending if it[0].lease != lease]
             for job, _, took in items:
                 if job.id in held:
                     outcomes.append(Outcome(job, "succeeded", took))
@@ -146,6 +147,12 @@ class Executor:
                 else:
                     outcomes.append(self._lost_logged(job, took))
         return outcomes
+
+    def discard_buffered(self) -> list[Job]:
+        """Forget buffered successes (their jobs will run again); returns their jobs."""
+        jobs = [j for j, _, _ in self._pending]
+        self._pending = []
+        return jobs
 
     def _done(self, job: Job, start: float) -> Outcome:
         took = self.clock() - start

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import math
 import random
@@ -11,7 +12,7 @@ from typing import TypeVar
 
 import pydantic
 
-from pgq_supervisor.errors import ConfigError, InvalidInput
+from pgq_supervisor.errors import AppLoadError, ConfigError, InvalidInput
 from pgq_supervisor.jobs import JsonValue, check_type_name
 
 F = TypeVar("F", bound=Callable[..., object])
@@ -153,3 +154,27 @@ def _make_handler(
         max_retry_count=max_retry_count,
         backoff=backoff,
     )
+
+
+def load_registry(target: str) -> Registry:
+    """Import `pkg.module:attribute` and return the Registry it names. AppLoadError if not."""
+    module_name, sep, attr = target.partition(":")
+    if not sep or not module_name or not attr:
+        raise AppLoadError(f"--app must look like 'package.module:registry', got {target!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise AppLoadError(
+            f"cannot import app module {module_name!r}: {type(exc).__name__}: {exc}"
+        ) from exc
+    obj: object = module
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise AppLoadError(f"app module {module_name!r} has no attribute {attr!r}") from None
+    if not isinstance(obj, Registry):
+        raise AppLoadError(f"{target!r} is a {type(obj).__name__}, not a pgq_supervisor.Registry")
+    if not obj.handlers:
+        raise AppLoadError(f"{target!r} has no handlers registered")
+    return obj

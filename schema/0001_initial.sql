@@ -42,7 +42,9 @@ CREATE TABLE job (
     error_data          jsonb,
     -- one object per failed attempt: attempt, error, at, worker; never overwritten
     attempts            jsonb NOT NULL DEFAULT '[]'::jsonb,
-    created_at          timestamptz NOT NULL DEFAULT now(),
+    -- the claim's FIFO key: clock_timestamp(), not now(), so jobs enqueued by one transaction
+    -- (or one bulk statement) keep their order instead of tying and falling back to random ids
+    created_at          timestamptz NOT NULL DEFAULT clock_timestamp(),
     updated_at          timestamptz NOT NULL DEFAULT now(),
     CONSTRAINT job_retry_range CHECK (current_retry_count BETWEEN 0 AND max_retry_count),
     CONSTRAINT job_running_is_started
@@ -133,7 +135,8 @@ BEGIN
         PERFORM pg_notify('pgq_bundle_stopped', b.id::text);
         IF b.on_complete IS NOT NULL THEN
             INSERT INTO job (type, payload, origin)
-            VALUES (b.on_complete, jsonb_build_object('bundle_id', b.id), 'bundle:' || b.type);
+            VALUES (b.on_complete, jsonb_build_object('bundle_id', b.id),
+                    coalesce(b.origin, 'bundle:' || b.type));
         END IF;
     END IF;
     RETURN NULL;

@@ -206,3 +206,24 @@ WHERE state = 'pending' AND start_at > now() AND type = ANY(%(types)s::text[])
 
 -- name: now
 SELECT now()
+
+-- name: active_stats
+-- Pending and running jobs per type, for metrics; reads only the partial indexes' rows.
+SELECT type, state, count(*)::int AS count,
+       (count(*) FILTER (WHERE state = 'pending' AND start_at <= now()))::int AS ready,
+       extract(epoch FROM now() - min(start_at) FILTER (
+           WHERE state = 'pending' AND start_at <= now()))::float8 AS oldest_ready_age
+FROM {schema}.job
+WHERE state IN ('pending', 'running')
+GROUP BY type, state
+ORDER BY type, state
+
+-- name: summary_by_origin
+-- Per type and state for the jobs of one origin: count, mean run time, attempts made.
+SELECT type, state, count(*)::int,
+       avg(extract(epoch FROM stopped_at - started_at))::float8,
+       sum(jsonb_array_length(attempts))::int
+FROM {schema}.job
+WHERE origin = %(origin)s
+GROUP BY type, state
+ORDER BY type, state

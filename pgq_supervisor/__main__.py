@@ -1,0 +1,5 @@
+import sys
+
+from pgq_supervisor.cli import main
+
+sys.exit(main())

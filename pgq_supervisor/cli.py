@@ -1,0 +1,247 @@
+"""The command line: the only module that wires settings, database, app and supervisor together.
+
+Exit codes: 0 ok, 1 failure, 2 bad usage or configuration, 3 the app failed to load. Every
+error is one line on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import NoReturn
+
+from pgq_supervisor import admin, db
+from pgq_supervisor import schema as migrations
+from pgq_supervisor.errors import AppLoadError, ConfigError, ExitCode, InvalidInput, PgqError
+from pgq_supervisor.jobs import NewJob
+from pgq_supervisor.logs import setup_logging
+from pgq_supervisor.registry import load_registry
+from pgq_supervisor.settings import Settings, load_settings
+
+log = logging.getLogger("pgq_supervisor")
+
+COMMANDS = ("run", "migrate", "enqueue", "demo", *admin.COMMANDS)
+
+# flag -> setting, for `run`; values are validated by Settings, not argparse
+RUN_FLAGS = {
+    "--app": "app",
+    "--procs": "procs",
+    "--types": "types",
+    "--heartbeat-interval": "heartbeat_interval",
+    "--dead-after": "dead_after",
+    "--poll-interval": "poll_interval",
+    "--shutdown-timeout": "shutdown_timeout",
+    "--connect-timeout": "connect_timeout",
+    "--max-jobs-per-child": "max_jobs_per_child",
+    "--max-memory-per-child": "max_memory_per_child",
+    "--claim-batch": "claim_batch",
+    "--metrics-port": "metrics_port",
+    "--metrics-host": "metrics_host",
+    "--retain-succeeded": "retain_succeeded",
+    "--retain-failed": "retain_failed",
+}
+
+
+class OneLineParser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(ExitCode.USAGE, f"error: {message} (see --help)\n")
+
+
+Handler = Callable[[argparse.Namespace, Settings], int]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = OneLineParser(add_help=False)
+    common.add_argument("--dsn", help="PostgreSQL DSN (env PGQ_DSN); unset = embedded server")
+    common.add_argument("--schema", dest="db_schema", help="schema name (env PGQ_SCHEMA)")
+    common.add_argument("--log-level", help="debug | info | warning | error")
+    common.add_argument("--log-format", help="text | json")
+
+    parser = OneLineParser(
+        prog="pgq-supervisor",
+        description="PostgreSQL job queue with process workers. Default command: run.",
+    )
+    sub = parser.add_subparsers(dest="command", parser_class=OneLineParser)
+
+    run = sub.add_parser("run", parents=[common], help="run the supervisor and its workers")
+    for flag, name in RUN_FLAGS.items():
+        run.add_argument(flag, dest=name, metavar=name.upper())
+    run.set_defaults(handler=cmd_run)
+
+    mig = sub.add_parser("migrate", parents=[common], help="create or upgrade the schema")
+    mig.set_defaults(handler=cmd_migrate)
+
+    enq = sub.add_parser("enqueue", parents=[common], help="enqueue one job")
+    enq.add_argument("type")
+    enq.add_argument("payload", help="JSON object")
+    enq.add_argument("--priority", type=int, default=0)
+    enq.add_argument("--start-in", help="delay, e.g. 30s, 5m, 2h, 1d")
+    enq.add_argument("--unique-key")
+    enq.add_argument("--max-retry-count", type=int)
+    enq.set_defaults(handler=cmd_enqueue)
+
+    demo = sub.add_parser("demo", parents=[common], help="run sample jobs through a supervisor")
+    demo.add_argument("--jobs", type=int, default=300)
+    demo.add_argument("--procs", type=int, default=None)
+    demo.set_defaults(handler=cmd_demo)
+
+    admin.add_commands(sub, common)
+    return parser
+
+
+def parse_duration(text: str) -> float:
+    """'90', '90s', '15m', '2h', '7d' -> seconds."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+    t = text.strip().lower()
+    try:
+        value = float(t[:-1]) * units[t[-1]] if t and t[-1] in units else float(t)
+    except ValueError:
+        raise InvalidInput(f"invalid duration {text!r}: use e.g. 30s, 15m, 2h, 7d") from None
+    if value < 0:
+        raise InvalidInput(f"invalid duration {text!r}: must not be negative")
+    return value
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if not args_list or (args_list[0] not in COMMANDS and args_list[0] not in ("-h", "--help")):
+        args_list.insert(0, "run")
+    parser = build_parser()
+    args = parser.parse_args(args_list)
+    flags = {
+        k: v
+        for k, v in vars(args).items()
+        if k in Settings.model_fields or k == "db_schema"
+        if args.command == "run" or k in ("dsn", "db_schema", "log_level", "log_format")
+    }
+    try:
+        settings = load_settings(**flags)
+        setup_logging(settings.log_level, settings.log_format)
+        handler: Handler = args.handler
+        return handler(args, settings)
+    except ConfigError as exc:
+        return _fail(ExitCode.USAGE, str(exc))
+    except AppLoadError as exc:
+        return _fail(ExitCode.APP_LOAD, str(exc))
+    except InvalidInput as exc:
+        return _fail(ExitCode.USAGE, str(exc))
+    except PgqError as exc:
+        return _fail(ExitCode.FAILURE, str(exc))
+    except KeyboardInterrupt:
+        return 130
+
+
+def _fail(code: ExitCode, message: str) -> int:
+    print(f"error: {message.splitlines()[0] if message else 'failed'}", file=sys.stderr)
+    return int(code)
+
+
+def resolve_dsn(settings: Settings) -> tuple[str, bool]:
+    """The configured DSN, or an embedded server's (second value True)."""
+    if settings.dsn:
+        return settings.dsn, False
+    from pgq_supervisor.embedded import DEFAULT_DATA_DIR, start_embedded
+
+    dsn = start_embedded(DEFAULT_DATA_DIR)
+    log.info("no PGQ_DSN set: using the embedded PostgreSQL in %s", DEFAULT_DATA_DIR)
+    return dsn, True
+
+
+def open_db(settings: Settings, *, migrate: bool = False) -> tuple[str, db.Conn]:
+    """Connect (waiting up to connect_timeout) and check the schema is migrated."""
+    dsn, embedded = resolve_dsn(settings)
+    conn = db.connect_at_startup(dsn, settings.connect_timeout)
+    if migrate or embedded:
+        migrations.migrate(conn, settings.db_schema)
+    else:
+        have = migrations.applied_versions(conn, settings.db_schema)
+        want = len(migrations.available())
+        if len(have) < want:
+            conn.close()
+            raise PgqError(
+                f"schema {settings.db_schema!r} is at version {len(have)}, need {want}:"
+                " run `python -m pgq_supervisor migrate` first"
+            )
+    return dsn, conn
+
+
+def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
+    from pgq_supervisor.metrics import Metrics, MetricsServer
+    from pgq_supervisor.supervisor import Supervisor
+
+    if not settings.app:
+        raise ConfigError("no app given: pass --app package.module:registry or set PGQ_APP")
+    registry = load_registry(settings.app)
+    unknown = sorted(set(settings.types or ()) - set(registry.types))
+    if unknown:
+        raise ConfigError(f"invalid setting types: no handler for {', '.join(unknown)}")
+    dsn, conn = open_db(settings)
+    conn.close()
+    metrics = Metrics()
+    sup = Supervisor(settings, registry, dsn, metrics=metrics)
+    server = None
+    if settings.metrics_port is not None:
+        try:
+            server = MetricsServer(
+                metrics, settings.metrics_host, settings.metrics_port, sup.healthy, sup.ready
+            )
+        except OSError as exc:
+            raise ConfigError(
+                f"invalid setting metrics_port: cannot listen on"
+                f" {settings.metrics_host}:{settings.metrics_port}: {exc.strerror}"
+            ) from exc
+        server.start()
+    try:
+        return sup.run()
+    finally:
+        if server is not None:
+            server.stop()
+
+
+def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
+    dsn, _embedded = resolve_dsn(settings)
+    with db.connect_at_startup(dsn, settings.connect_timeout) as conn:
+        done = migrations.migrate(conn, settings.db_schema)
+    if done:
+        print(f"applied migrations {', '.join(map(str, done))} to schema {settings.db_schema}")
+    else:
+        print(f"schema {settings.db_schema} is up to date")
+    return 0
+
+
+def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
+    try:
+        payload = json.loads(args.payload)
+    except json.JSONDecodeError as exc:
+        raise InvalidInput(f"payload is not valid JSON: {exc.msg} at column {exc.colno}") from None
+    if not isinstance(payload, dict):
+        raise InvalidInput(f"payload must be a JSON object, got {type(payload).__name__}")
+    start_at = None
+    if args.start_in:
+        start_at = datetime.now(UTC) + timedelta(seconds=parse_duration(args.start_in))
+    job = NewJob(
+        type=args.type,
+        payload=payload,
+        priority=args.priority,
+        start_at=start_at,
+        unique_key=args.unique_key,
+        max_retry_count=args.max_retry_count,
+        origin="cli",
+    )
+    _, conn = open_db(settings)
+    with conn:
+        job_id = db.enqueue(conn, settings.db_schema, job)
+    print(job_id)
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
+    from pgq_supervisor.demo import run_demo
+
+    dsn, conn = open_db(settings, migrate=True)
+    conn.close()
+    return run_demo(dsn, settings, jobs=args.jobs, procs=args.procs)

@@ -1,0 +1,90 @@
+"""The child's heartbeat thread: keeps `worker_alive_at` fresh on every job the child holds.
+
+It has its own connection (cursors on one connection share one transaction, and the job
+connection is busy running handlers). Every write is fenced by the lease. A heartbeat proves
+that the process lives, not that the job progresses: job timeouts are the supervisor's.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from pgq_supervisor import db
+from pgq_supervisor.errors import DatabaseError
+from pgq_supervisor.jobs import JobId, LeaseToken
+
+log = logging.getLogger(__name__)
+
+
+class Heartbeat:
+    def __init__(
+        self,
+        connect: Callable[[], db.Conn],
+        schema: str,
+        interval: float,
+        worker_id: str,
+    ) -> None:
+        self._connect = connect
+        self._schema = schema
+        self._interval = interval
+        self._worker_id = worker_id
+        self._lock = threading.Lock()
+        self._held: dict[LeaseToken, set[JobId]] = {}
+        self._stop = threading.Event()
+        self._conn: db.Conn | None = None
+        self._thread = threading.Thread(target=self._run, name="pgq-heartbeat", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=self._interval + 5)
+        if self._conn is not None:
+            self._conn.close()
+
+    def hold(self, lease: LeaseToken, ids: list[JobId]) -> None:
+        with self._lock:
+            self._held.setdefault(lease, set()).update(ids)
+
+    def drop(self, lease: LeaseToken, ids: list[JobId]) -> None:
+        with self._lock:
+            held = self._held.get(lease)
+            if held is not None:
+                held.difference_update(ids)
+                if not held:
+                    del self._held[lease]
+
+    def beat_once(self) -> int:
+        """One round of fenced heartbeats; returns how many jobs are still held."""
+        with self._lock:
+            snapshot = {lease: list(ids) for lease, ids in self._held.items()}
+        if not snapshot:
+            return 0
+        if self._conn is None or self._conn.closed:
+            self._conn = self._connect()
+        alive = 0
+        for lease, ids in snapshot.items():
+            kept = db.heartbeat(self._conn, self._schema, ids, lease)
+            alive += len(kept)
+            lost = [i for i in ids if i not in kept]
+            for job_id in lost:
+                log.warning(
+                    "job lease lost id=%s worker=%s: rescued or reset while running",
+                    job_id,
+                    self._worker_id,
+                )
+            self.drop(lease, lost)
+        return alive
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            try:
+                self.beat_once()
+            except DatabaseError as exc:
+                log.warning("heartbeat failed, will retry: %s", exc)
+                if self._conn is not None:
+                    self._conn.close()
+                self._conn = None

@@ -1,0 +1,155 @@
+"""Prometheus metrics and health endpoints, served by the supervisor on `metrics_port`.
+
+Children never touch these: they report outcomes over their pipes and the supervisor counts
+them here, so no multiprocess metric files are needed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import generate_latest
+
+from pgq_supervisor.jobs import JobState, TypeStats
+
+log = logging.getLogger(__name__)
+
+DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 1800)
+LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.ready = Gauge("pgq_jobs_ready", "Pending jobs eligible now", ["type"], registry=r)
+        self.delayed = Gauge("pgq_jobs_delayed", "Pending jobs not yet due", ["type"], registry=r)
+        self.running = Gauge("pgq_jobs_running", "Running jobs (all workers)", ["type"], registry=r)
+        self.oldest_ready = Gauge(
+            "pgq_oldest_ready_age_seconds", "Age of the oldest ready job", ["type"], registry=r
+        )
+        self.finished = Counter(
+            "pgq_jobs_total", "Attempts ended here, by outcome", ["type", "outcome"], registry=r
+        )
+        self.rescued = Counter(
+            "pgq_jobs_rescued_total", "Jobs reclaimed from stale heartbeats", registry=r
+        )
+        self.deaths = Counter(
+            "pgq_worker_deaths_total", "Children that died holding a job", ["type"], registry=r
+        )
+        self.timeouts = Counter(
+            "pgq_job_timeouts_total", "Jobs killed on timeout", ["type"], registry=r
+        )
+        self.restarts = Counter("pgq_child_restarts_total", "Children respawned", registry=r)
+        self.children = Gauge("pgq_children", "Live child processes", registry=r)
+        self.duration = Histogram(
+            "pgq_job_duration_seconds",
+            "Handler run time",
+            ["type"],
+            buckets=DURATION_BUCKETS,
+            registry=r,
+        )
+        self.wake_latency = Histogram(
+            "pgq_wake_latency_seconds",
+            "Wake-up sent to jobs claimed",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self._known_types: set[str] = set()
+
+    def record(
+        self, outcomes: Sequence[tuple[str, str, float]], latencies: Sequence[float]
+    ) -> None:
+        for type_, kind, seconds in outcomes:
+            self.finished.labels(type_, kind).inc()
+            self.duration.labels(type_).observe(seconds)
+        for seconds in latencies:
+            self.wake_latency.observe(seconds)
+
+    def update_queue(self, stats: Sequence[TypeStats]) -> None:
+        seen: set[str] = set()
+        ready: dict[str, int] = {}
+        delayed: dict[str, int] = {}
+        running: dict[str, int] = {}
+        oldest: dict[str, float] = {}
+        for s in stats:
+            seen.add(s.type)
+            if s.state is JobState.PENDING:
+                ready[s.type] = s.ready
+                delayed[s.type] = s.count - s.ready
+                if s.oldest_ready_age is not None:
+                    oldest[s.type] = s.oldest_ready_age
+            elif s.state is JobState.RUNNING:
+                running[s.type] = s.count
+        # types that vanished keep reporting 0 rather than a stale value
+        for t in seen | self._known_types:
+            self.ready.labels(t).set(ready.get(t, 0))
+            self.delayed.labels(t).set(delayed.get(t, 0))
+            self.running.labels(t).set(running.get(t, 0))
+            self.oldest_ready.labels(t).set(oldest.get(t, 0.0))
+        self._known_types |= seen
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class MetricsServer:
+    """/metrics, /healthz (the loop is alive), /readyz (database reachable, LISTEN up)."""
+
+    def __init__(
+        self,
+        metrics: Metrics,
+        host: str,
+        port: int,
+        healthy: Callable[[], bool],
+        ready: Callable[[], bool],
+    ) -> None:
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                path = self.path.split("?", 1)[0]
+                if path == "/metrics":
+                    self._reply(200, outer.metrics.render(), CONTENT_TYPE_LATEST)
+                elif path == "/healthz":
+                    ok = outer.healthy()
+                    self._reply(200 if ok else 503, b"ok\n" if ok else b"stalled\n")
+                elif path == "/readyz":
+                    ok = outer.ready()
+                    self._reply(200 if ok else 503, b"ready\n" if ok else b"not ready\n")
+                else:
+                    self._reply(404, b"not found\n")
+
+            def _reply(self, code: int, body: bytes, ctype: str = "text/plain") -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass  # probes every few seconds would flood the log
+
+        self.metrics = metrics
+        self.healthy = healthy
+        self.ready = ready
+        self.server = ThreadingHTTPServer((host, port), Handler)
+        self.server.daemon_threads = True
+        self._thread = threading.Thread(
+            target=self.server.serve_forever, name="pgq-metrics", daemon=True
+        )
+
+    @property
+    def port(self) -> int:
+        return int(self.server.server_address[1])
+
+    def start(self) -> None:
+        self._thread.start()
+        log.info("metrics on http://%s:%d/metrics", self.server.server_address[0], self.port)
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -1,0 +1,50 @@
+"""Reclaims jobs whose heartbeat went stale (a whole pod died, a child hung).
+
+Staleness is judged by the database clock, so supervisors with skewed clocks agree. Safe with
+many supervisors: the rescue statement skips rows another transaction holds.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from pgq_supervisor import db
+from pgq_supervisor.jobs import EndedAttempt, JobState
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class RescueResult:
+    ended: tuple[EndedAttempt, ...]
+
+    @property
+    def retried(self) -> int:
+        return sum(1 for e in self.ended if e.new_state is JobState.PENDING)
+
+    @property
+    def failed(self) -> int:
+        return sum(1 for e in self.ended if e.new_state is JobState.FAILED)
+
+
+class Rescuer:
+    def __init__(self, schema: str, dead_after: float, *, limit: int = 1000) -> None:
+        if dead_after <= 0:
+            raise ValueError("dead_after must be > 0")
+        self.schema = schema
+        self.dead_after = dead_after
+        self.limit = limit
+
+    def run_once(self, conn: db.Conn) -> RescueResult:
+        ended = db.rescue(conn, self.schema, dead_after=self.dead_after, limit=self.limit)
+        for e in ended:
+            log.warning(
+                "rescued job id=%s type=%s attempt=%d: no heartbeat for %g s -> %s",
+                e.job_id,
+                e.job_type,
+                e.retry_count + (e.new_state is JobState.FAILED),
+                self.dead_after,
+                e.new_state.value,
+            )
+        return RescueResult(tuple(ended))

@@ -1,0 +1,128 @@
+"""Helpers shared by the integration tests: row counts, claims, listeners, thread fan-out."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import LiteralString, TypeVar
+
+import psycopg
+from psycopg import sql
+
+from pgq_supervisor import db
+from pgq_supervisor.db import Conn
+from pgq_supervisor.jobs import Job, JobId, JobRecord
+
+SCHEMA = "pgq"
+T = TypeVar("T")
+
+# Generous: only reached when something is broken; a passing test never waits this long.
+DEADLINE = 30.0
+
+
+def count_rows(
+    conn: Conn, table: LiteralString = "job", *, schema: str = SCHEMA, where: LiteralString = ""
+) -> int:
+    """Rows of `schema.table`, optionally filtered by a constant SQL condition."""
+    query = sql.SQL("SELECT count(*) FROM {}.{}").format(
+        sql.Identifier(schema), sql.Identifier(table)
+    )
+    if where:
+        query = query + sql.SQL(" WHERE ") + sql.SQL(where)
+    row = conn.execute(query).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def claim(
+    conn: Conn,
+    types: Sequence[str],
+    *,
+    worker_id: str = "worker-1",
+    limit: int = 1,
+    max_retry_count: int = 3,
+    schema: str = SCHEMA,
+) -> list[Job]:
+    return db.claim(
+        conn,
+        schema,
+        worker_id=worker_id,
+        types=list(types),
+        max_retry_counts=[max_retry_count] * len(types),
+        limit=limit,
+    )
+
+
+def claim_one(
+    conn: Conn, type_: str, *, worker_id: str = "worker-1", max_retry_count: int = 3
+) -> Job:
+    jobs = claim(conn, [type_], worker_id=worker_id, max_retry_count=max_retry_count)
+    assert len(jobs) == 1, f"expected one {type_!r} job to claim, got {len(jobs)}"
+    return jobs[0]
+
+
+def get(conn: Conn, job_id: JobId, *, schema: str = SCHEMA) -> JobRecord:
+    return db.get_job(conn, schema, job_id)
+
+
+def raw_row(conn: Conn, job_id: JobId) -> tuple[object, ...]:
+    """Every column of the job row, lease and updated_at included: proof that nothing wrote."""
+    row = conn.execute("SELECT * FROM pgq.job WHERE id = %s", (job_id,)).fetchone()
+    assert row is not None, f"job {job_id} is gone"
+    return tuple(row)
+
+
+def age_heartbeat(conn: Conn, job_id: JobId, seconds: float) -> None:
+    """Move a running job's heartbeat back by `seconds` on the database clock."""
+    conn.execute(
+        "UPDATE pgq.job SET worker_alive_at = now() - make_interval(secs => %s) WHERE id = %s",
+        (seconds, job_id),
+    )
+
+
+def make_due(conn: Conn, job_id: JobId) -> None:
+    """A delayed (retrying) job becomes eligible now, without waiting for its backoff."""
+    conn.execute("UPDATE pgq.job SET start_at = now() WHERE id = %s", (job_id,))
+
+
+SENTINEL_CHANNEL = "pgq_test_sentinel"
+
+
+class Listener:
+    """A LISTEN connection that collects notifications up to a sentinel it sends itself.
+
+    Notifications reach a listener in commit order, so once our own sentinel arrives every
+    notification committed before it has arrived too: no timing guesses.
+    """
+
+    def __init__(self, conn: Conn, channels: Sequence[str]) -> None:
+        self.conn = conn
+        self.channels = list(channels)
+        for channel in [*channels, SENTINEL_CHANNEL]:
+            conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+
+    def collect(self) -> dict[str, list[str]]:
+        """Payloads received per channel since the last collect(), in commit order."""
+        sentinel = str(uuid.uuid4())
+        self.conn.execute("SELECT pg_notify(%s, %s)", (SENTINEL_CHANNEL, sentinel))
+        got: dict[str, list[str]] = {channel: [] for channel in self.channels}
+        for notify in self.conn.notifies(timeout=DEADLINE):
+            if notify.channel == SENTINEL_CHANNEL and notify.payload == sentinel:
+                return got
+            got.setdefault(notify.channel, []).append(notify.payload)
+        raise AssertionError(f"our own notification did not come back within {DEADLINE} s")
+
+
+@contextmanager
+def listening(dsn: str, *channels: str) -> Iterator[Listener]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        yield Listener(conn, channels)
+
+
+def in_threads(n: int, target: Callable[[int], T]) -> list[T]:
+    """Run target(0..n-1) on n threads at once; re-raise the first failure."""
+    with ThreadPoolExecutor(max_workers=n) as pool:
+        futures = [pool.submit(target, i) for i in range(n)]
+        return [f.result(timeout=DEADLINE) for f in futures]

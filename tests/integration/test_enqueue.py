@@ -1,0 +1,168 @@
+"""Enqueueing: transactional, bulk, notifications, unique keys, producers."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+import psycopg
+from psycopg_pool import ConnectionPool
+
+import pgq_supervisor as pgq
+from pgq_supervisor import db
+from pgq_supervisor.db import Conn
+from tests.integration.support import Listener, claim_one, count_rows, get, listening
+
+AVAILABLE = "pgq_job_available"
+
+
+def test_rolled_back_enqueue_leaves_no_job_and_no_notification(conn: Conn, dsn: str) -> None:
+    with listening(dsn, AVAILABLE) as listener:
+        with conn.transaction(force_rollback=True):
+            pgq.enqueue(conn, "email", {"to": "a@example.com"})
+            assert count_rows(conn) == 1  # visible inside the transaction
+        assert count_rows(conn) == 0
+        assert listener.collect()[AVAILABLE] == []
+
+
+def test_committed_enqueue_leaves_exactly_one_job(conn: Conn, dsn: str) -> None:
+    with listening(dsn, AVAILABLE) as listener:
+        with conn.transaction():
+            job_id = pgq.enqueue(conn, "email", {"to": "a@example.com"}, priority=5, origin="t")
+        assert count_rows(conn) == 1
+        assert listener.collect()[AVAILABLE] == ["email"]
+    rec = get(conn, job_id)
+    assert rec.state is pgq.JobState.PENDING
+    assert rec.payload == {"to": "a@example.com"}
+    assert (rec.priority, rec.origin, rec.current_retry_count) == (5, "t", 0)
+    assert rec.attempts == []
+
+
+def test_enqueue_in_callers_open_transaction_waits_for_its_commit(dsn: str, conn: Conn) -> None:
+    with psycopg.connect(dsn) as producer:  # not autocommit: the caller owns the transaction
+        job_id = pgq.enqueue(producer, "email", {})
+        assert count_rows(conn) == 0  # another session sees nothing yet
+        producer.commit()
+    assert count_rows(conn) == 1
+    assert get(conn, job_id).type == "email"
+
+
+def test_bulk_enqueue_notifies_once_per_type_not_per_row(conn: Conn, dsn: str) -> None:
+    jobs = [pgq.NewJob("a" if i % 2 else "b", {"i": i}) for i in range(10_000)]
+    with listening(dsn, AVAILABLE) as listener:
+        with conn.transaction():
+            # Count how often our trigger functions run: PostgreSQL folds identical
+            # notifications of one transaction, so only this tells per-row from per-statement.
+            conn.execute("SET LOCAL track_functions = 'pl'")
+            ids = pgq.enqueue_many(conn, jobs)
+            row = conn.execute(
+                "SELECT coalesce(sum(calls), 0)::int FROM pg_stat_xact_user_functions"
+                " WHERE schemaname = 'pgq'"
+            ).fetchone()
+        notified = listener.collect()[AVAILABLE]
+    assert row is not None and row[0] == 1, f"trigger functions ran {row[0] if row else 0} times"
+    assert sorted(notified) == ["a", "b"]
+    assert len(ids) == len(set(ids)) == 10_000
+    assert count_rows(conn) == 10_000
+    stored = conn.execute("SELECT id, payload->>'i' FROM pgq.job").fetchall()
+    assert {r[0]: int(r[1]) for r in stored} == {job_id: i for i, job_id in enumerate(ids)}
+
+
+def test_two_bulk_statements_of_one_type_notify_each(conn: Conn, dsn: str) -> None:
+    with listening(dsn, AVAILABLE) as listener:
+        pgq.enqueue_many(conn, [pgq.NewJob("a") for _ in range(100)])
+        pgq.enqueue_many(conn, [pgq.NewJob("a") for _ in range(100)])
+        assert listener.collect()[AVAILABLE] == ["a", "a"]
+
+
+def test_delayed_jobs_do_not_notify(conn: Conn, dsn: str) -> None:
+    later = db.db_now(conn, "pgq") + timedelta(hours=1)
+    with listening(dsn, AVAILABLE) as listener:
+        pgq.enqueue_many(conn, [pgq.NewJob("a", start_at=later) for _ in range(10)])
+        pgq.enqueue(conn, "b", start_at=later)
+        assert listener.collect()[AVAILABLE] == []
+    assert count_rows(conn) == 11
+
+
+def test_enqueue_many_of_nothing_writes_nothing(conn: Conn) -> None:
+    assert pgq.enqueue_many(conn, []) == []
+    assert count_rows(conn) == 0
+
+
+def test_unique_key_returns_the_unfinished_holder(conn: Conn) -> None:
+    first = pgq.enqueue(conn, "sync", {"n": 1}, unique_key="user:1")
+    again = pgq.enqueue(conn, "sync", {"n": 2}, unique_key="user:1")
+    assert again == first
+    assert count_rows(conn) == 1
+    assert get(conn, first).payload == {"n": 1}
+
+    # still unfinished while running
+    job = claim_one(conn, "sync")
+    assert pgq.enqueue(conn, "sync", {"n": 3}, unique_key="user:1") == first
+    assert pgq.enqueue_many(conn, [pgq.NewJob("sync", unique_key="user:1")]) == [first]
+    assert count_rows(conn) == 1
+
+    assert db.succeed(conn, "pgq", job.lease, [(job.id, None)]) == {job.id}
+    fresh = pgq.enqueue(conn, "sync", {"n": 4}, unique_key="user:1")
+    assert fresh != first
+    assert count_rows(conn) == 2
+    assert get(conn, fresh).state is pgq.JobState.PENDING
+
+
+def test_unique_key_in_bulk_mixes_new_and_existing_in_input_order(conn: Conn) -> None:
+    held = pgq.enqueue(conn, "sync", unique_key="k2")
+    ids = pgq.enqueue_many(
+        conn,
+        [
+            pgq.NewJob("sync", unique_key="k1"),
+            pgq.NewJob("sync", unique_key="k2"),
+            pgq.NewJob("sync"),
+        ],
+    )
+    assert ids[1] == held
+    assert len(set(ids)) == 3
+    assert count_rows(conn) == 3
+    assert get(conn, ids[0]).unique_key == "k1"
+
+
+def test_unique_key_is_free_again_after_cancel(conn: Conn) -> None:
+    first = pgq.enqueue(conn, "sync", unique_key="k")
+    pgq.cancel_job(conn, first)
+    second = pgq.enqueue(conn, "sync", unique_key="k")
+    assert second != first
+    assert count_rows(conn) == 2
+
+
+def test_enqueue_async_commits_with_the_callers_transaction(dsn: str, conn: Conn) -> None:
+    async def scenario() -> tuple[pgq.JobId, pgq.JobId]:
+        async with await psycopg.AsyncConnection.connect(dsn) as aconn:
+            async with aconn.transaction(force_rollback=True):
+                await pgq.enqueue_async(aconn, "email", {"n": 1})
+            async with aconn.transaction():
+                kept = await pgq.enqueue_async(aconn, "email", {"n": 2}, unique_key="u")
+            async with aconn.transaction():
+                same = await pgq.enqueue_async(aconn, "email", {"n": 3}, unique_key="u")
+            return kept, same
+
+    kept, same = asyncio.run(scenario())
+    assert kept == same
+    assert count_rows(conn) == 1
+    assert get(conn, kept).payload == {"n": 2}
+
+
+def test_producer_enqueues_through_a_pool(dsn: str, conn: Conn) -> None:
+    with (
+        listening(dsn, AVAILABLE) as listener,
+        ConnectionPool(dsn, min_size=1, max_size=2, open=True) as pool,
+    ):
+        producer = pgq.Producer(pool)
+        job_id = producer.enqueue("email", {"n": 1}, priority=3)
+        ids = producer.enqueue_many([pgq.NewJob("email"), pgq.NewJob("sms")])
+        assert sorted(_payloads(listener)) == ["email", "email", "sms"]
+    assert count_rows(conn) == 3
+    assert get(conn, job_id).priority == 3
+    assert {get(conn, i).type for i in ids} == {"email", "sms"}
+
+
+def _payloads(listener: Listener) -> list[str]:
+    return listener.collect()[AVAILABLE]
