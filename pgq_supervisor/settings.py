@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 from typing import Any, Literal, Self, cast
 
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
 from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -48,6 +50,16 @@ class Settings(BaseSettings):
     def _split_types(cls, value: object) -> object:
         if isinstance(value, str):
             return [t.strip() for t in value.split(",") if t.strip()]
+        return value
+
+    @field_validator("dsn")
+    @classmethod
+    def _parse_dsn(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                conninfo_to_dict(value)
+            except psycopg.ProgrammingError as exc:
+                raise ValueError(str(exc).strip().splitlines()[0]) from None
         return value
 
     @field_validator("log_level", "log_format", mode="before")

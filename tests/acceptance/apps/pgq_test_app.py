@@ -1,0 +1,62 @@
+"""Handlers for process tests. Effects are written to the `effects` table through the job's
+connection, so a test can count exactly what ran and where."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pgq_supervisor as pgq
+from pgq_supervisor.db import Conn
+
+registry = pgq.Registry()
+NO_BACKOFF = pgq.RetryPolicy(base=0.0, cap=0.0)
+
+EFFECTS_DDL = """
+CREATE TABLE IF NOT EXISTS effects (
+    job_id uuid NOT NULL, pid int NOT NULL, attempt int NOT NULL, note text,
+    at timestamptz NOT NULL DEFAULT clock_timestamp()
+)
+"""
+
+
+def _effect(conn: Conn, job: pgq.Job, note: str = "") -> None:
+    conn.execute(
+        "INSERT INTO effects (job_id, pid, attempt, note) VALUES (%s, %s, %s, %s)",
+        (job.id, os.getpid(), job.attempt, note),
+    )
+
+
+@registry.handler("noop")
+def noop(payload: dict[str, int]) -> None:
+    return None
+
+
+@registry.handler("record", retry=NO_BACKOFF)
+def record(payload: dict[str, int], job: pgq.Job, conn: Conn) -> dict[str, int]:
+    """Writes one effect row in the same transaction as the job's completion."""
+    _effect(conn, job)
+    return {"pid": os.getpid()}
+
+
+@registry.handler("sleep", max_retry_count=3, retry=NO_BACKOFF)
+def sleep(payload: dict[str, float], job: pgq.Job, conn: Conn) -> dict[str, int]:
+    """Sleeps `seconds` (a stand-in for slow I/O), then records its effect."""
+    started = time.monotonic()
+    while time.monotonic() - started < payload.get("seconds", 1.0):
+        time.sleep(0.01)
+    _effect(conn, job)
+    return {"pid": os.getpid()}
+
+
+@registry.handler("spin", timeout=1.0, max_retry_count=2, retry=NO_BACKOFF)
+def spin(payload: dict[str, int]) -> None:
+    """CPU-bound forever: a pure-Python loop that never returns to a checkpoint."""
+    x = 0
+    while True:
+        x += 1
+
+
+@registry.handler("poison", max_retry_count=2, retry=NO_BACKOFF)
+def poison(payload: dict[str, int]) -> None:
+    os._exit(1)

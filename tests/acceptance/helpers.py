@@ -1,0 +1,141 @@
+"""Helpers for process tests: the real CLI in a subprocess, real signals, waits with deadlines."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TypeVar
+
+import psycopg
+from psycopg import sql
+
+ROOT = Path(__file__).resolve().parents[2]
+T = TypeVar("T")
+
+
+def wait_for(
+    what: str, check: Callable[[], T | None], timeout: float = 30.0, interval: float = 0.05
+) -> T:
+    """Poll `check` until it returns something truthy; fail the test after `timeout`."""
+    deadline = time.monotonic() + timeout
+    last: T | None = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(interval)  # polling a condition with a deadline
+    raise AssertionError(f"timed out after {timeout:g} s waiting for {what} (last: {last!r})")
+
+
+class Supervisor:
+    """`python -m pgq_supervisor run ...` in its own process group, logs to a file."""
+
+    def __init__(self, dsn: str, app: str, *args: str, env: dict[str, str] | None = None) -> None:
+        self.log_path = Path(tempfile.mkstemp(prefix="pgq-sup-", suffix=".log")[1])
+        self._log = self.log_path.open("wb")
+        full_env = dict(os.environ)
+        full_env["PYTHONPATH"] = os.pathsep.join(
+            [str(ROOT / "tests" / "acceptance" / "apps"), full_env.get("PYTHONPATH", "")]
+        )
+        full_env.update(env or {})
+        full_env.pop("PGQ_DSN", None)
+        self.cmd = [
+            sys.executable,
+            "-m",
+            "pgq_supervisor",
+            "run",
+            "--dsn",
+            dsn,
+            "--app",
+            app,
+            *args,
+        ]
+        self.proc = subprocess.Popen(
+            self.cmd,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+            cwd=ROOT,
+            start_new_session=True,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def log(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def children(self) -> list[int]:
+        """PIDs of the worker children (direct children, excluding multiprocessing helpers)."""
+        out = subprocess.run(
+            ["ps", "-o", "pid=,args=", "--ppid", str(self.pid)], capture_output=True, text=True
+        ).stdout
+        return [int(line.split()[0]) for line in out.splitlines() if "pgq-worker[" in line]
+
+    def signal(self, sig: signal.Signals) -> None:
+        self.proc.send_signal(sig)
+
+    def wait(self, timeout: float) -> int:
+        return self.proc.wait(timeout=timeout)
+
+    def stop(self, timeout: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                return self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.kill_group()
+        return self.proc.wait(timeout=10)
+
+    def kill_group(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.kill_group()
+            self.proc.wait(timeout=10)
+        self._log.close()
+
+
+def run_cli(
+    args: Sequence[str],
+    dsn: str | None = None,
+    timeout: float = 60.0,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    full_env = dict(os.environ)
+    full_env.pop("PGQ_DSN", None)
+    full_env["PYTHONPATH"] = str(ROOT / "tests" / "acceptance" / "apps")
+    if dsn is not None:
+        full_env["PGQ_DSN"] = dsn
+    full_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "pgq_supervisor", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=full_env,
+        cwd=ROOT,
+    )
+
+
+def count_query(where: str) -> sql.Composed:
+    """Counts jobs matching a condition written in the test itself (never input)."""
+    return sql.SQL("SELECT count(*) FROM pgq.job WHERE {}").format(sql.SQL(where))
+
+
+def count(dsn: str, where: str = "true") -> int:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(count_query(where)).fetchone()
+    assert row is not None
+    return int(row[0])
