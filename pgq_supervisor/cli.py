@@ -11,16 +11,17 @@ import json
 import logging
 import sys
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import NoReturn
 
 from pgq_supervisor import admin, db
 from pgq_supervisor import schema as migrations
+from pgq_supervisor.connect import open_db, resolve_dsn
 from pgq_supervisor.errors import AppLoadError, ConfigError, ExitCode, InvalidInput, PgqError
 from pgq_supervisor.jobs import NewJob
 from pgq_supervisor.logs import setup_logging
 from pgq_supervisor.registry import load_registry
-from pgq_supervisor.settings import Settings, load_settings
+from pgq_supervisor.settings import Settings, load_settings, parse_duration
 
 log = logging.getLogger("pgq_supervisor")
 
@@ -93,19 +94,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def parse_duration(text: str) -> float:
-    """'90', '90s', '15m', '2h', '7d' -> seconds."""
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-    t = text.strip().lower()
-    try:
-        value = float(t[:-1]) * units[t[-1]] if t and t[-1] in units else float(t)
-    except ValueError:
-        raise InvalidInput(f"invalid duration {text!r}: use e.g. 30s, 15m, 2h, 7d") from None
-    if value < 0:
-        raise InvalidInput(f"invalid duration {text!r}: must not be negative")
-    return value
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     if not args_list or (args_list[0] not in COMMANDS and args_list[0] not in ("-h", "--help")):
@@ -138,35 +126,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _fail(code: ExitCode, message: str) -> int:
     print(f"error: {message.splitlines()[0] if message else 'failed'}", file=sys.stderr)
     return int(code)
-
-
-def resolve_dsn(settings: Settings) -> tuple[str, bool]:
-    """The configured DSN, or an embedded server's (second value True)."""
-    if settings.dsn:
-        return settings.dsn, False
-    from pgq_supervisor.embedded import DEFAULT_DATA_DIR, start_embedded
-
-    dsn = start_embedded(DEFAULT_DATA_DIR)
-    log.info("no PGQ_DSN set: using the embedded PostgreSQL in %s", DEFAULT_DATA_DIR)
-    return dsn, True
-
-
-def open_db(settings: Settings, *, migrate: bool = False) -> tuple[str, db.Conn]:
-    """Connect (waiting up to connect_timeout) and check the schema is migrated."""
-    dsn, embedded = resolve_dsn(settings)
-    conn = db.connect_at_startup(dsn, settings.connect_timeout)
-    if migrate or embedded:
-        migrations.migrate(conn, settings.db_schema)
-    else:
-        have = migrations.applied_versions(conn, settings.db_schema)
-        want = len(migrations.available())
-        if len(have) < want:
-            conn.close()
-            raise PgqError(
-                f"schema {settings.db_schema!r} is at version {len(have)}, need {want}:"
-                " run `python -m pgq_supervisor migrate` first"
-            )
-    return dsn, conn
 
 
 def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
@@ -220,20 +179,22 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
         raise InvalidInput(f"payload is not valid JSON: {exc.msg} at column {exc.colno}") from None
     if not isinstance(payload, dict):
         raise InvalidInput(f"payload must be a JSON object, got {type(payload).__name__}")
-    start_at = None
-    if args.start_in:
-        start_at = datetime.now(UTC) + timedelta(seconds=parse_duration(args.start_in))
-    job = NewJob(
-        type=args.type,
-        payload=payload,
-        priority=args.priority,
-        start_at=start_at,
-        unique_key=args.unique_key,
-        max_retry_count=args.max_retry_count,
-        origin="cli",
-    )
+    delay = parse_duration(args.start_in) if args.start_in else None
     _, conn = open_db(settings)
     with conn:
+        start_at = None
+        if delay is not None:
+            # eligibility is judged by the database clock, so the delay counts from it
+            start_at = db.db_now(conn, settings.db_schema) + timedelta(seconds=delay)
+        job = NewJob(
+            type=args.type,
+            payload=payload,
+            priority=args.priority,
+            start_at=start_at,
+            unique_key=args.unique_key,
+            max_retry_count=args.max_retry_count,
+            origin="cli",
+        )
         job_id = db.enqueue(conn, settings.db_schema, job)
     print(job_id)
     return 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -64,14 +65,26 @@ def _q(name: LiteralString, schema: str) -> psycopg.sql.Composed:
     return queries.query(name, schema)
 
 
+# A \u0000 escape not itself escaped (an even run of backslashes before it): jsonb rejects it.
+_JSON_NUL_RE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
 def dump_json(value: object, what: str = "payload") -> str:
     try:
-        return json.dumps(value, separators=(",", ":"), allow_nan=False)
+        text = json.dumps(value, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise InvalidInput(f"{what} is not JSON-serializable: {exc}") from exc
+    if _JSON_NUL_RE.search(text):
+        # Caught here, not by the server: in a batch one such value would fail the statement
+        # for every job in it.
+        raise InvalidInput(f"{what} contains a NUL character (\\u0000), which jsonb cannot store")
+    return text
 
 
 # ---- enqueue --------------------------------------------------------------------------------
+
+
+_INT4_MIN, _INT4_MAX = -(2**31), 2**31 - 1  # the integer columns' range
 
 
 def _validate(job: NewJob) -> None:
@@ -79,8 +92,12 @@ def _validate(job: NewJob) -> None:
         check_type_name(job.type)
     except ValueError as exc:
         raise InvalidInput(str(exc)) from exc
-    if job.max_retry_count is not None and job.max_retry_count < 0:
-        raise InvalidInput(f"max_retry_count must be >= 0, got {job.max_retry_count}")
+    if not _INT4_MIN <= job.priority <= _INT4_MAX:
+        raise InvalidInput(f"priority must fit in 32 bits, got {job.priority}")
+    if job.max_retry_count is not None and not 0 <= job.max_retry_count <= _INT4_MAX:
+        raise InvalidInput(
+            f"max_retry_count must be >= 0 and fit in 32 bits, got {job.max_retry_count}"
+        )
     if job.timeout is not None and not job.timeout > 0:
         raise InvalidInput(f"timeout must be > 0 seconds, got {job.timeout}")
     if job.start_at is not None and job.start_at.tzinfo is None:
@@ -303,8 +320,9 @@ def end_attempt(
         "ids": list(ids),
         "lease": lease,
         "worker_id": worker_id,
-        # an empty message would leave the row unreadable; keep a placeholder
-        "error": error.strip() or "(no error message)",
+        # an empty message would leave the row unreadable; keep a placeholder. A NUL (text
+        # cannot hold one) would make the write fail and the attempt go unrecorded.
+        "error": error.replace("\x00", "\\x00").strip() or "(no error message)",
         "error_data": None if error_data is None else dump_json(error_data, "error_data"),
         "kind": kind,
         "allow_retry": allow_retry,
@@ -412,16 +430,25 @@ def list_jobs(
 
 
 def delete_finished(
-    conn: Conn, schema: str, older_than: float, states: Sequence[JobState], batch: int = 5000
+    conn: Conn,
+    schema: str,
+    older_than: float,
+    states: Sequence[JobState],
+    batch: int = 5000,
+    max_rows: int | None = None,
 ) -> int:
-    """Delete finished jobs in batches, each in its own transaction when autocommit is on."""
+    """Delete finished jobs in batches, each in its own transaction when autocommit is on.
+
+    Stops after about `max_rows` (whole batches) when given, so a caller with a loop to keep
+    can bound how long one call takes; a result >= max_rows means more may be left.
+    """
     total = 0
     params = {"states": [s.value for s in states], "older_than": older_than, "limit": batch}
     with wrapped():
         while True:
             n = conn.execute(_q("delete_finished", schema), params).rowcount
             total += max(n, 0)
-            if n < batch:
+            if n < batch or (max_rows is not None and total >= max_rows):
                 break
         conn.execute(_q("delete_empty_bundles", schema), {"older_than": older_than})
     return total
@@ -526,9 +553,22 @@ def is_permanent_connect_error(exc: psycopg.OperationalError) -> bool:
     return "authentication failed" in low or "does not exist" in low or "no password" in low
 
 
-def connect(dsn: str, *, autocommit: bool = True, application_name: str = "pgq_supervisor") -> Conn:
+def connect(
+    dsn: str,
+    *,
+    autocommit: bool = True,
+    application_name: str = "pgq_supervisor",
+    synchronous_commit: bool = True,
+) -> Conn:
+    """A connection. `synchronous_commit=False` is for the queue's own bookkeeping only (claims,
+    heartbeats, completions): a commit lost in a server crash then means the job runs again,
+    never that it is lost. Behind PgBouncer in transaction mode a session SET would leak to
+    other clients, so such deployments keep it on (setting `worker_synchronous_commit`)."""
     with wrapped():
-        return psycopg.connect(dsn, autocommit=autocommit, application_name=application_name)
+        conn = psycopg.connect(dsn, autocommit=autocommit, application_name=application_name)
+        if not synchronous_commit:
+            conn.execute("SET synchronous_commit = off")
+        return conn
 
 
 def redact(dsn: str) -> str:
@@ -570,3 +610,9 @@ def summary_by_origin(
     with wrapped():
         rows = conn.execute(_q("summary_by_origin", schema), {"origin": origin}).fetchall()
     return [(r[0], JobState(r[1]), r[2], r[3], r[4] or 0) for r in rows]
+
+
+def durable_commit(conn: Conn) -> None:
+    """Make the open transaction commit synchronously (the session may have it off)."""
+    with wrapped():
+        conn.execute(_q("durable_commit", "pgq"))

@@ -108,6 +108,8 @@ class Executor:
         """The handler's own writes and the job's completion commit together, or not at all."""
         try:
             with self.conn.transaction():
+                # the handler's own writes are user data: durable even when bookkeeping is not
+                db.durable_commit(self.conn)
                 result = _result_json(self._call(handler, job, payload))
                 if not db.succeed(self.conn, self.schema, job.lease, [(job.id, result)]):
                     raise LeaseLost(f"job {job.id} lost its lease")
@@ -128,10 +130,13 @@ class Executor:
             lease = self._pending[0][0].lease
             items = [it for it in self._pending if it[0].lease == lease]
             bundles = [j.bundle_id for j, _, _ in items if j.bundle_id is not None]
-            with self.conn.transaction():
-                if bundles:
+            results = [(j.id, r) for j, r, _ in items]
+            if bundles:
+                with self.conn.transaction():
                     db.lock_bundles(self.conn, self.schema, bundles)
-                held = db.succeed(self.conn, self.schema, lease, [(j.id, r) for j, r, _ in items])
+                    held = db.succeed(self.conn, self.schema, lease, results)
+            else:
+                held = db.succeed(self.conn, self.schema, lease, results)
             self._pending = [it for it in self._pending if it[0].lease != lease]
             for job, _, took in items:
                 if job.id in held:

@@ -7,6 +7,7 @@ them here, so no multiprocess metric files are needed.
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 from collections.abc import Callable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -44,6 +45,13 @@ class Metrics:
             "pgq_job_timeouts_total", "Jobs killed on timeout", ["type"], registry=r
         )
         self.restarts = Counter("pgq_child_restarts_total", "Children respawned", registry=r)
+        self.pruned = Counter(
+            "pgq_jobs_pruned_total",
+            "Finished jobs deleted by retention (state: succeeded, or failed for failed and"
+            " cancelled)",
+            ["state"],
+            registry=r,
+        )
         self.children = Gauge("pgq_children", "Live child processes", registry=r)
         self.duration = Histogram(
             "pgq_job_duration_seconds",
@@ -68,6 +76,10 @@ class Metrics:
             self.duration.labels(type_).observe(seconds)
         for seconds in latencies:
             self.wake_latency.observe(seconds)
+
+    def record_pruned(self, succeeded: int, failed: int) -> None:
+        self.pruned.labels("succeeded").inc(succeeded)
+        self.pruned.labels("failed").inc(failed)
 
     def update_queue(self, stats: Sequence[TypeStats]) -> None:
         seen: set[str] = set()
@@ -94,6 +106,12 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _IPv6Server(ThreadingHTTPServer):
+    """For an IPv6 metrics_host such as "::" (which also takes IPv4 where the OS allows)."""
+
+    address_family = socket.AF_INET6
 
 
 class MetricsServer:
@@ -136,7 +154,8 @@ class MetricsServer:
         self.metrics = metrics
         self.healthy = healthy
         self.ready = ready
-        self.server = ThreadingHTTPServer((host, port), Handler)
+        server_class = _IPv6Server if ":" in host else ThreadingHTTPServer
+        self.server = server_class((host, port), Handler)
         self.server.daemon_threads = True
         self._thread = threading.Thread(
             target=self.server.serve_forever, name="pgq-metrics", daemon=True

@@ -33,7 +33,8 @@ class RetryPolicy:
 
     def __call__(self, attempt: int, rng: random.Random) -> float:
         """Delay before the retry that follows failed attempt `attempt` (1-based)."""
-        ceiling = min(self.cap, self.base * math.pow(2.0, max(0, attempt - 1)))
+        # the exponent is clamped: 2**1024 overflows, and a job may retry more often than that
+        ceiling = min(self.cap, self.base * math.pow(2.0, min(max(0, attempt - 1), 1000)))
         return rng.uniform(0.0, ceiling)
 
 

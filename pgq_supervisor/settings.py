@@ -13,7 +13,22 @@ from psycopg.conninfo import conninfo_to_dict
 from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from pgq_supervisor.errors import ConfigError
+from pgq_supervisor.errors import ConfigError, InvalidInput
+
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(text: str) -> float:
+    """'90', '90s', '15m', '2h', '7d', '1w' -> seconds. InvalidInput (a ValueError) if not."""
+    t = text.strip().lower()
+    number, unit = (t[:-1], _DURATION_UNITS[t[-1]]) if t[-1:] in _DURATION_UNITS else (t, 1)
+    try:
+        value = float(number) * unit
+    except ValueError:
+        raise InvalidInput(f"invalid duration {text!r}: use e.g. 30s, 15m, 2h, 7d") from None
+    if not value >= 0 or value == float("inf"):
+        raise InvalidInput(f"invalid duration {text!r}: must be a finite number >= 0")
+    return value
 
 
 class Settings(BaseSettings):
@@ -33,11 +48,18 @@ class Settings(BaseSettings):
     connect_timeout: float = Field(15.0, gt=0, description="start-up wait for the database")
     max_jobs_per_child: int | None = Field(None, ge=1)
     max_memory_per_child: int | None = Field(None, ge=1, description="MiB of RSS")
+    worker_synchronous_commit: bool = Field(
+        False, description="sync commit for claims/heartbeats/completions (on behind PgBouncer)"
+    )
     claim_batch: int = Field(100, ge=1, le=200, description="most jobs one claim may take")
     metrics_port: int | None = Field(None, ge=0, le=65535)
     metrics_host: str = "0.0.0.0"
-    retain_succeeded: float | None = Field(None, gt=0, description="seconds; unset keeps all")
-    retain_failed: float | None = Field(None, gt=0, description="seconds; unset keeps all")
+    retain_succeeded: float | None = Field(
+        None, gt=0, description="seconds (or 7d, 12h, ...); unset keeps succeeded jobs"
+    )
+    retain_failed: float | None = Field(
+        None, gt=0, description="seconds (or 7d, 12h, ...); unset keeps failed and cancelled jobs"
+    )
     log_format: Literal["text", "json"] = "text"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     # "schema" would shadow BaseModel.schema; the flag and env names stay --schema / PGQ_SCHEMA
@@ -61,6 +83,11 @@ class Settings(BaseSettings):
             except psycopg.ProgrammingError as exc:
                 raise ValueError(str(exc).strip().splitlines()[0]) from None
         return value
+
+    @field_validator("retain_succeeded", "retain_failed", mode="before")
+    @classmethod
+    def _duration(cls, value: object) -> object:
+        return parse_duration(value) if isinstance(value, str) else value
 
     @field_validator("log_level", "log_format", mode="before")
     @classmethod

@@ -39,6 +39,7 @@ from pgq_supervisor.listener import Listener
 from pgq_supervisor.metrics import Metrics
 from pgq_supervisor.registry import Registry
 from pgq_supervisor.rescuer import Rescuer
+from pgq_supervisor.retention import PRUNE_EVERY, Pruner
 from pgq_supervisor.settings import Settings
 from pgq_supervisor.worker import ChildSpec
 
@@ -90,6 +91,8 @@ class Supervisor:
         self.signals: list[int] = []
         self.listener = Listener(dsn)
         self.rescuer = Rescuer(self.schema, settings.dead_after)
+        self.pruner = Pruner.from_settings(settings)
+        self.next_prune = 0.0
         self.conn: db.Conn | None = None
         self.sel = selectors.DefaultSelector()
         self.next_poll = 0.0
@@ -305,6 +308,7 @@ class Supervisor:
             log_level=s.log_level,
             log_format=s.log_format,
             connect_timeout=s.connect_timeout,
+            synchronous_commit=s.worker_synchronous_commit,
         )
         slot = JobSlot()
         proc, pipe = self.spawner(spec, slot)
@@ -433,6 +437,10 @@ class Supervisor:
             if due is not None:
                 self.next_due = self.clock() + max(0.0, due)
             self.metrics.update_queue(db.queue_stats(conn, self.schema, active_only=True))
+            if self.pruner is not None and self.clock() >= self.next_prune:
+                pruned = self.pruner.run_once(conn)
+                self.metrics.record_pruned(pruned.succeeded, pruned.failed)
+                self.next_prune = self.clock() + (0.0 if pruned.more else PRUNE_EVERY)
             self.db_ok = True
         except DatabaseError as exc:
             log.warning("maintenance round failed: %s", exc)

@@ -61,6 +61,7 @@ class ChildSpec:
     log_level: str
     log_format: str
     connect_timeout: float = 30.0
+    synchronous_commit: bool = False
 
 
 def child_main(spec: ChildSpec, pipe: Connection, slot: JobSlot) -> None:
@@ -74,7 +75,7 @@ def child_main(spec: ChildSpec, pipe: Connection, slot: JobSlot) -> None:
         pipe.send(BootFailed(str(exc), app_error=True))
         sys.exit(BOOT_FAILURE)
     try:
-        conn = connect_retrying(spec.dsn, spec.connect_timeout)
+        conn = connect_retrying(spec.dsn, spec.connect_timeout, spec.synchronous_commit)
     except DatabaseError as exc:
         pipe.send(BootFailed(str(exc), app_error=False))
         sys.exit(BOOT_FAILURE)
@@ -82,12 +83,14 @@ def child_main(spec: ChildSpec, pipe: Connection, slot: JobSlot) -> None:
     sys.exit(0)
 
 
-def connect_retrying(dsn: str, timeout: float) -> db.Conn:
+def connect_retrying(dsn: str, timeout: float, synchronous_commit: bool) -> db.Conn:
     deadline = time.monotonic() + timeout
     delay = 0.1
     while True:
         try:
-            return db.connect(dsn, application_name="pgq-worker")
+            return db.connect(
+                dsn, application_name="pgq-worker", synchronous_commit=synchronous_commit
+            )
         except DatabaseError:
             if time.monotonic() + delay > deadline:
                 raise
@@ -114,7 +117,11 @@ class Worker:
         self.max_retries = [registry.handlers[t].max_retry_count for t in self.types]
         self.executor = Executor(conn, spec.schema, registry, spec.worker_id)
         self.heartbeat = Heartbeat(
-            lambda: db.connect(spec.dsn, application_name="pgq-heartbeat"),
+            lambda: db.connect(
+                spec.dsn,
+                application_name="pgq-heartbeat",
+                synchronous_commit=spec.synchronous_commit,
+            ),
             spec.schema,
             spec.heartbeat_interval,
             spec.worker_id,
@@ -278,7 +285,11 @@ class Worker:
         delay = 0.2
         while not self.stopping:
             try:
-                self.conn = db.connect(self.spec.dsn, application_name="pgq-worker")
+                self.conn = db.connect(
+                    self.spec.dsn,
+                    application_name="pgq-worker",
+                    synchronous_commit=self.spec.synchronous_commit,
+                )
                 self.executor.conn = self.conn
                 log.info("worker %s reconnected", self.spec.worker_id)
                 return

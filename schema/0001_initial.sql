@@ -156,7 +156,8 @@ CREATE TRIGGER job_bundle_count_delete AFTER DELETE ON job
 -- Ends the current attempt of running jobs as a failure: back to pending after retry_delay while
 -- attempts are left and p_allow_retry, else failed. The error is appended to the attempt
 -- history. Filters: p_lease (a worker's own write: fencing) and p_worker (the reaper).
--- Returns the jobs it changed; notifies for those that are eligible again at once.
+-- Returns the jobs it changed; notifies pgq_job_available for those that are eligible again at
+-- once and pgq_job_stopped (ids, at most 200 per payload) for those that failed for good.
 CREATE FUNCTION end_attempt(p_ids uuid[], p_lease uuid, p_worker text, p_error text,
                             p_error_data jsonb, p_kind text, p_allow_retry boolean,
                             p_retry_delay double precision)
@@ -165,6 +166,7 @@ LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
     r record;
     ready text[] := ARRAY[]::text[];
+    stopped uuid[] := ARRAY[]::uuid[];
 BEGIN
     FOR r IN
         UPDATE job j SET
@@ -197,10 +199,15 @@ BEGIN
         retry_count := r.current_retry_count;
         IF r.state = 'pending' AND r.start_at <= now() THEN
             ready := array_append(ready, r.type);
+        ELSIF r.state = 'failed' THEN
+            stopped := array_append(stopped, r.id);
         END IF;
         RETURN NEXT;
     END LOOP;
     PERFORM pg_notify('pgq_job_available', t.type) FROM (SELECT DISTINCT unnest(ready) AS type) t;
+    PERFORM pg_notify('pgq_job_stopped', string_agg(k.id::text, ','))
+    FROM (SELECT id, (row_number() OVER () - 1) / 200 AS chunk FROM unnest(stopped) AS id) k
+    GROUP BY k.chunk;
 END $$;
 
 -- Puts running jobs back to pending without consuming an attempt (graceful shutdown, jobs a

@@ -55,11 +55,12 @@ class OwnServer:
     def start(self) -> None:
         self._ctl("-o", f"-p {self.port} -h 127.0.0.1 -k {self.root}", "start")
 
-    def stop(self) -> None:
-        self._ctl("-m", "fast", "stop")
+    def stop(self, mode: str = "fast") -> None:
+        """fast: a clean shutdown; immediate: a crash, recovered from WAL on the next start."""
+        self._ctl("-m", mode, "stop")
 
-    def restart(self) -> None:
-        self.stop()
+    def restart(self, mode: str = "fast") -> None:
+        self.stop(mode)
         self.start()
 
     def count(self, where: str) -> int:

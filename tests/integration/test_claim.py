@@ -74,7 +74,9 @@ def test_future_start_at_is_not_claimable_until_due(conn: Conn) -> None:
     assert claim(conn, ["t"], limit=10) == []
     assert get(conn, delayed).state is pgq.JobState.PENDING
 
-    conn.execute("UPDATE pgq.job SET start_at = now() - interval '1 second' WHERE id = %s", [delayed])
+    conn.execute(
+        "UPDATE pgq.job SET start_at = now() - interval '1 second' WHERE id = %s", [delayed]
+    )
     assert claim_one(conn, "t").id == delayed
 
 

@@ -1,0 +1,90 @@
+"""Three supervisors on one database: every job runs exactly once, all three share the work,
+and the queue depth an autoscaler reads falls to zero."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+import pgq_supervisor as pgq
+from tests.acceptance.apps.pgq_test_app import EFFECTS_DDL
+from tests.acceptance.helpers import Supervisor, count, run_cli, wait_for
+
+APP = "pgq_test_app:registry"
+FAST = ("--heartbeat-interval", "0.5", "--dead-after", "2", "--poll-interval", "0.5")
+JOBS = 3000
+
+Conn = psycopg.Connection[tuple[object, ...]]
+
+
+@pytest.fixture
+def db(dsn: str) -> Iterator[Conn]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(EFFECTS_DDL)
+        yield conn
+
+
+@pytest.fixture
+def sups() -> Iterator[list[Supervisor]]:
+    started: list[Supervisor] = []
+    yield started
+    for s in started:
+        s.close()
+
+
+def ready_children(sup: Supervisor, n: int) -> list[int]:
+    def check() -> list[int] | None:
+        assert sup.proc.poll() is None, f"supervisor exited early:\n{sup.log()}"
+        pids = sup.children()
+        ready = len(re.findall(r"child \d+ ready", sup.log()))
+        return pids if ready >= n and len(pids) == n else None
+
+    return wait_for(f"{n} ready children of supervisor {sup.pid}", check, timeout=30)
+
+
+def test_three_supervisors_share_3000_jobs_and_run_each_once(
+    dsn: str, db: Conn, sups: list[Supervisor]
+) -> None:
+    for _ in range(3):
+        sups.append(Supervisor(dsn, APP, "--procs", "2", "--types", "record", *FAST))
+    children = {sup.pid: set(ready_children(sup, 2)) for sup in sups}
+
+    ids = pgq.enqueue_many(db, [pgq.NewJob("record", {"n": i}) for i in range(JOBS)])
+    # six children take at most 100 jobs per claim: most are still waiting right after enqueue
+    assert count(dsn, "state = 'pending' AND start_at <= now()") > JOBS // 2
+    wait_for(f"{JOBS} succeeded", lambda: count(dsn, "state = 'succeeded'") == JOBS, timeout=60)
+
+    # no job claimed twice: one effect each, each written by a child of the supervisor whose
+    # worker id the job carries, on the first attempt
+    rows = db.execute(
+        "SELECT j.id, j.worker_id, j.current_retry_count, jsonb_array_length(j.attempts),"
+        " count(e.job_id), min(e.pid), max(e.attempt)"
+        " FROM pgq.job j LEFT JOIN effects e ON e.job_id = j.id GROUP BY j.id"
+    ).fetchall()
+    assert {r[0] for r in rows} == set(ids)
+    assert [r for r in rows if r[4] != 1] == [], "a job ran twice, or not at all"
+    assert [r for r in rows if (r[2], r[3], r[6]) != (0, 0, 1)] == [], "a job needed a retry"
+    per_supervisor: Counter[int] = Counter()
+    for _id, worker_id, *_, pid, _attempt in rows:
+        assert isinstance(worker_id, str) and isinstance(pid, int)
+        sup_pid = int(worker_id.split(":")[1])  # host:supervisor pid:child index:nonce
+        assert pid in children[sup_pid], f"job {_id} ran outside the supervisor it names"
+        per_supervisor[sup_pid] += 1
+
+    # the work spread over all three
+    assert set(per_supervisor) == set(children), per_supervisor
+    assert all(n >= JOBS // 30 for n in per_supervisor.values()), per_supervisor
+
+    # what an autoscaler reads
+    def depth() -> str:
+        result = run_cli(["depth"], dsn)
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    assert wait_for("depth 0", lambda: depth() == "0\n", timeout=10)
+    for sup in sups:
+        assert sup.stop() == 0, sup.log()[-2000:]

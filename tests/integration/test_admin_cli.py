@@ -1,0 +1,423 @@
+"""The admin CLI as scripts and people use it: `python -m pgq_supervisor CMD` in a subprocess
+against the test's database, checking stdout, the exit code and one-line errors."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import uuid
+from typing import Any
+
+import pytest
+import yaml
+from psycopg.conninfo import make_conninfo
+
+import pgq_supervisor as pgq
+from pgq_supervisor import db
+from pgq_supervisor.db import Conn
+from pgq_supervisor.jobs import JobId, JobState
+from tests.acceptance.helpers import ROOT, run_cli
+from tests.integration.support import claim_one, count_rows, get
+
+MISSING = "00000000-0000-4000-8000-000000000000"
+
+
+def cli(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return run_cli(list(args), dsn)
+
+
+def ok(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 0, f"exit {result.returncode}: {result.stderr}"
+    assert result.stderr == ""
+    return result.stdout
+
+
+def ok_json(result: subprocess.CompletedProcess[str]) -> Any:
+    """The one JSON document the command printed (an object)."""
+    out = ok(result)
+    assert out.count("\n") == 1, "--json prints exactly one line"
+    doc = json.loads(out)
+    assert isinstance(doc, dict)
+    return doc
+
+
+def fails(result: subprocess.CompletedProcess[str], code: int, pattern: str) -> str:
+    """The command failed with `code` and one error line matching `pattern`, nothing on stdout."""
+    assert result.returncode == code, (result.returncode, result.stdout, result.stderr)
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, f"errors are one line, got: {result.stderr!r}"
+    assert lines[0].startswith("error: ")
+    assert re.search(pattern, lines[0]), lines[0]
+    return lines[0]
+
+
+def finished(conn: Conn, type_: str, state: JobState, error: str = "boom") -> JobId:
+    """A job of `type_` taken through a claim to `state` (failed or succeeded)."""
+    job_id = pgq.enqueue(conn, type_, {"n": 1}, max_retry_count=0)
+    job = claim_one(conn, type_)
+    assert job.id == job_id, "the claim took another job; give this one its own type"
+    if state is JobState.FAILED:
+        db.end_attempt(conn, "pgq", [job.id], error=error, kind="error", lease=job.lease)
+    else:
+        db.succeed(conn, "pgq", job.lease, [(job.id, None)])
+    assert get(conn, job_id).state is state
+    return job_id
+
+
+def running(conn: Conn, type_: str) -> JobId:
+    job_id = pgq.enqueue(conn, type_, {})
+    assert claim_one(conn, type_).id == job_id
+    return job_id
+
+
+def age_finished(conn: Conn, job_id: JobId, days: float) -> None:
+    conn.execute(
+        "UPDATE pgq.job SET stopped_at = now() - make_interval(days => %s) WHERE id = %s",
+        (days, job_id),
+    )
+
+
+# ---- enqueue ----
+
+
+def test_enqueue_prints_the_id_and_stores_the_options(dsn: str, conn: Conn) -> None:
+    out = ok(cli(dsn, "enqueue", "resize", '{"path": "a.png"}', "--priority", "5"))
+    job = get(conn, JobId(uuid.UUID(out.strip())))
+    assert (job.type, job.payload, job.priority, job.state) == (
+        "resize",
+        {"path": "a.png"},
+        5,
+        JobState.PENDING,
+    )
+    assert job.origin == "cli"
+
+
+def test_enqueue_start_in_delays_the_job_by_the_database_clock(dsn: str, conn: Conn) -> None:
+    out = ok(cli(dsn, "enqueue", "later", "{}", "--start-in", "2h"))
+    row = conn.execute(
+        "SELECT extract(epoch FROM start_at - now()) FROM pgq.job WHERE id = %s",
+        (uuid.UUID(out.strip()),),
+    ).fetchone()
+    assert row is not None and 7190 < row[0] <= 7200
+    assert db.depth(conn, "pgq") == 0
+
+
+def test_enqueue_unique_key_returns_the_holder(dsn: str, conn: Conn) -> None:
+    first = ok(cli(dsn, "enqueue", "sync", "{}", "--unique-key", "user-7"))
+    again = ok(cli(dsn, "enqueue", "sync", '{"x": 1}', "--unique-key", "user-7"))
+    assert first == again
+    assert count_rows(conn) == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "pattern"),
+    [
+        (["enqueue", "t", "{not json"], r"payload is not valid JSON: .* column 2"),
+        (["enqueue", "t", "[1, 2]"], r"payload must be a JSON object, got list"),
+        (["enqueue", "has space", "{}"], r"invalid job type 'has space'"),
+        (["enqueue", "x" * 101, "{}"], r"invalid job type"),
+        (["enqueue", "t", "{}", "--start-in", "soon"], r"invalid duration 'soon'"),
+        (["enqueue", "t", "{}", "--start-in=-5m"], r"invalid duration '-5m'"),
+        (["enqueue", "t", "{}", "--priority", "high"], r"argument --priority: invalid int"),
+        (["enqueue", "t"], r"required: payload"),
+    ],
+)
+def test_enqueue_rejects_bad_input_with_exit_2(
+    dsn: str, conn: Conn, args: list[str], pattern: str
+) -> None:
+    fails(cli(dsn, *args), 2, pattern)
+    assert count_rows(conn) == 0
+
+
+# ---- status ----
+
+
+def test_status_counts_per_type_and_state(dsn: str, conn: Conn) -> None:
+    finished(conn, "mail", JobState.SUCCEEDED)
+    finished(conn, "mail", JobState.FAILED)
+    running(conn, "mail")
+    pgq.enqueue_many(conn, [pgq.NewJob("mail"), pgq.NewJob("mail")])
+    pgq.enqueue(conn, "report", {}, start_at=db.db_now(conn, "pgq").replace(year=2999))
+    conn.execute(
+        "UPDATE pgq.job SET start_at = now() - interval '90 seconds'"
+        " WHERE state = 'pending' AND type = 'mail'"
+    )
+
+    doc = ok_json(cli(dsn, "status", "--json"))
+    by_type = {t["type"]: t for t in doc["types"]}
+    mail, report = by_type["mail"], by_type["report"]
+    assert (mail["pending"], mail["ready"], mail["delayed"], mail["running"]) == (2, 2, 0, 1)
+    assert (mail["succeeded"], mail["failed"], mail["cancelled"]) == (1, 1, 0)
+    assert 90 <= mail["oldest_ready_age"] < 120
+    assert (report["pending"], report["ready"], report["delayed"]) == (1, 0, 1)
+    assert report["oldest_ready_age"] is None
+    total = doc["total"]
+    assert (total["pending"], total["ready"], total["delayed"], total["succeeded"]) == (3, 2, 1, 1)
+
+    table = ok(cli(dsn, "status")).splitlines()
+    assert re.split(r"\s{2,}", table[0]) == [
+        "TYPE",
+        "READY",
+        "DELAYED",
+        "RUNNING",
+        "SUCCEEDED",
+        "FAILED",
+        "CANCELLED",
+        "OLDEST READY",
+    ]
+    rows = {line.split()[0]: line.split()[1:] for line in table[1:]}
+    assert rows["mail"][:6] == ["2", "0", "1", "1", "1", "0"]
+    assert re.fullmatch(r"1m[34]\ds", rows["mail"][6])
+    assert rows["report"] == ["0", "1", "0", "0", "0", "0", "-"]
+    assert rows["TOTAL"][:6] == ["2", "1", "1", "1", "1", "0"]
+
+
+def test_status_of_an_empty_queue(dsn: str) -> None:
+    assert ok(cli(dsn, "status")) == "no jobs\n"
+    doc = ok_json(cli(dsn, "status", "--json"))
+    assert doc["types"] == []
+    assert doc["total"] == {
+        "pending": 0,
+        "running": 0,
+        "succeeded": 0,
+        "failed": 0,
+        "cancelled": 0,
+        "ready": 0,
+        "delayed": 0,
+        "oldest_ready_age": None,
+    }
+
+
+# ---- depth ----
+
+
+def test_depth_counts_ready_jobs_only(dsn: str, conn: Conn) -> None:
+    pgq.enqueue_many(conn, [pgq.NewJob("a") for _ in range(3)] + [pgq.NewJob("b")])
+    pgq.enqueue(conn, "a", {}, start_at=db.db_now(conn, "pgq").replace(year=2999))
+    running(conn, "c")
+    assert ok(cli(dsn, "depth")) == "4\n"
+    assert ok(cli(dsn, "depth", "--type", "a")) == "3\n"
+    assert ok(cli(dsn, "depth", "--type", "nothing-here")) == "0\n"
+    assert ok_json(cli(dsn, "depth", "--type", "b", "--json")) == {"depth": 1, "type": "b"}
+
+
+def test_depth_equals_the_keda_scaler_query(dsn: str, conn: Conn) -> None:
+    """deploy/k8s/scaledobject.yaml scales on its own SQL: it must count what `depth` counts."""
+    manifest = yaml.safe_load((ROOT / "deploy" / "k8s" / "scaledobject.yaml").read_text())
+    (trigger,) = manifest["spec"]["triggers"]
+    keda_query = trigger["metadata"]["query"]
+    assert isinstance(keda_query, str)
+
+    def keda() -> int:
+        # the manifest's own text, as KEDA sends it
+        row = conn.execute(keda_query.encode()).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    assert keda() == int(ok(cli(dsn, "depth"))) == 0
+    pgq.enqueue_many(conn, [pgq.NewJob("a") for _ in range(5)])
+    # none of these is ready: not due yet, running, finished
+    pgq.enqueue(conn, "a", {}, start_at=db.db_now(conn, "pgq").replace(year=2999))
+    running(conn, "r")
+    finished(conn, "z", JobState.FAILED)
+    assert keda() == int(ok(cli(dsn, "depth"))) == 5
+
+
+@pytest.mark.parametrize(
+    ("args", "pattern"),
+    [
+        (["depth", "--type", "two words"], r"argument --type: invalid job type"),
+        (["depth", "--type", ""], r"argument --type: invalid job type"),
+        (["depth", "extra"], r"unrecognized arguments: extra"),
+    ],
+)
+def test_depth_bad_input_exit_2(dsn: str, args: list[str], pattern: str) -> None:
+    fails(cli(dsn, *args), 2, pattern)
+
+
+# ---- jobs ----
+
+
+def test_jobs_lists_failed_jobs_with_attempts_and_last_error(dsn: str, conn: Conn) -> None:
+    first = finished(conn, "mail", JobState.FAILED, error="SMTP refused\nTraceback: ...")
+    second = finished(conn, "pay", JobState.FAILED, error="card declined")
+    finished(conn, "mail2", JobState.SUCCEEDED)
+    # a job that failed twice before: its history keeps both attempts
+    third = pgq.enqueue(conn, "mail3", {}, max_retry_count=1)
+    for attempt in (1, 2):
+        job = claim_one(conn, "mail3", max_retry_count=1)
+        db.end_attempt(conn, "pgq", [job.id], error=f"try {attempt}", kind="error", lease=job.lease)
+
+    table = ok(cli(dsn, "jobs", "--state", "failed")).splitlines()
+    assert table[0].split() == ["ID", "TYPE", "ATTEMPTS", "UPDATED", "LAST", "ERROR"]
+    rows = {line.split()[0]: line for line in table[1:]}
+    assert set(rows) == {str(first), str(second), str(third)}
+    assert rows[str(first)].split()[1:3] == ["mail", "1"]
+    assert rows[str(first)].rstrip().endswith("SMTP refused")  # first line only
+    assert rows[str(third)].split()[1:3] == ["mail3", "2"]
+    assert rows[str(third)].rstrip().endswith("try 2")
+
+    doc = ok_json(cli(dsn, "jobs", "--json", "--type", "mail"))
+    jobs = doc["jobs"]
+    assert len(jobs) == 1
+    assert jobs[0]["id"] == str(first)
+    assert jobs[0]["error"] == "SMTP refused\nTraceback: ..."
+    assert (jobs[0]["state"], jobs[0]["attempts"]) == ("failed", 1)
+
+    assert len(ok_json(cli(dsn, "jobs", "--json", "--limit", "2"))["jobs"]) == 2
+
+
+def test_jobs_in_other_states_and_when_there_are_none(dsn: str, conn: Conn) -> None:
+    assert ok(cli(dsn, "jobs")) == "no failed jobs\n"
+    job_id = running(conn, "work")
+    (listed,) = ok_json(cli(dsn, "jobs", "--state", "running", "--json"))["jobs"]
+    assert (listed["id"], listed["attempts"], listed["stopped_at"]) == (str(job_id), 1, None)
+    assert ok(cli(dsn, "jobs", "--state", "cancelled", "--type", "work")) == (
+        "no cancelled jobs of type work\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "pattern"),
+    [
+        (["jobs", "--state", "broken"], r"argument --state: invalid choice: 'broken'"),
+        (["jobs", "--limit", "0"], r"argument --limit: must be an integer from 1"),
+        (["jobs", "--limit", "ten"], r"argument --limit: must be an integer from 1"),
+        (["jobs", "--type", "a\tb"], r"argument --type: invalid job type"),
+    ],
+)
+def test_jobs_bad_input_exit_2(dsn: str, args: list[str], pattern: str) -> None:
+    fails(cli(dsn, *args), 2, pattern)
+
+
+# ---- retry ----
+
+
+def test_retry_one_job_and_all_failed(dsn: str, conn: Conn) -> None:
+    one = finished(conn, "a", JobState.FAILED)
+    other_a = finished(conn, "a2", JobState.FAILED)
+    b = finished(conn, "b", JobState.FAILED)
+
+    assert ok(cli(dsn, "retry", str(one))) == f"job {one} is pending again\n"
+    assert get(conn, one).state is JobState.PENDING
+    assert get(conn, one).current_retry_count == 0
+
+    assert ok_json(cli(dsn, "retry", "--all-failed", "--type", "b", "--json")) == {"retried": 1}
+    assert get(conn, b).state is JobState.PENDING
+    assert get(conn, other_a).state is JobState.FAILED
+    assert ok(cli(dsn, "retry", "--all-failed")) == "retried 1 failed jobs\n"
+    assert get(conn, other_a).state is JobState.PENDING
+    assert ok(cli(dsn, "retry", "--all-failed")) == "retried 0 failed jobs\n"
+
+
+def test_retry_refuses_a_running_job_unless_forced(dsn: str, conn: Conn) -> None:
+    job_id = running(conn, "long")
+    fails(cli(dsn, "retry", str(job_id)), 1, r"is running; pass --force")
+    assert get(conn, job_id).state is JobState.RUNNING
+    assert ok_json(cli(dsn, "retry", str(job_id), "--force", "--json")) == {
+        "retried": 1,
+        "id": str(job_id),
+    }
+    assert get(conn, job_id).state is JobState.PENDING
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "pattern"),
+    [
+        (["retry", MISSING], 1, rf"no job with id {MISSING}"),
+        (["retry", "not-a-uuid"], 2, r"argument id: not a job id \(a UUID\): 'not-a-uuid'"),
+        (["retry"], 2, r"one of the arguments id --all-failed is required"),
+        (["retry", MISSING, "--all-failed"], 2, r"not allowed with argument"),
+        (["retry", MISSING, "--type", "a"], 2, r"--type goes with --all-failed"),
+        (["retry", "--all-failed", "--force"], 2, r"--force goes with a job id"),
+        (["retry", "--all-failed", "--type", "a b"], 2, r"invalid job type"),
+    ],
+)
+def test_retry_bad_input(dsn: str, args: list[str], code: int, pattern: str) -> None:
+    fails(cli(dsn, *args), code, pattern)
+
+
+def test_retry_of_a_pending_job_is_refused(dsn: str, conn: Conn) -> None:
+    job_id = pgq.enqueue(conn, "t", {})
+    fails(cli(dsn, "retry", str(job_id)), 1, r"is already pending")
+
+
+# ---- cancel ----
+
+
+def test_cancel_a_pending_job(dsn: str, conn: Conn) -> None:
+    job_id = pgq.enqueue(conn, "t", {})
+    assert ok(cli(dsn, "cancel", str(job_id))) == f"cancelled job {job_id}\n"
+    assert get(conn, job_id).state is JobState.CANCELLED
+    # twice: now it is cancelled, and only pending jobs can be
+    fails(cli(dsn, "cancel", str(job_id)), 1, r"is cancelled; only pending jobs can be cancelled")
+    other = pgq.enqueue(conn, "t", {})
+    assert ok_json(cli(dsn, "cancel", str(other), "--json")) == {"cancelled": str(other)}
+
+
+def test_cancel_refuses_running_and_unknown_jobs(dsn: str, conn: Conn) -> None:
+    job_id = running(conn, "t")
+    fails(cli(dsn, "cancel", str(job_id)), 1, r"is running; only pending jobs")
+    assert get(conn, job_id).state is JobState.RUNNING
+    fails(cli(dsn, "cancel", MISSING), 1, rf"^error: no job with id {MISSING}$")
+    fails(cli(dsn, "cancel", "12345"), 2, r"not a job id")
+
+
+# ---- purge ----
+
+
+def test_purge_deletes_only_finished_jobs_older_than_given(dsn: str, conn: Conn) -> None:
+    old_ok = finished(conn, "a", JobState.SUCCEEDED)
+    old_failed = finished(conn, "b", JobState.FAILED)
+    new_ok = finished(conn, "c", JobState.SUCCEEDED)
+    old_cancelled = pgq.enqueue(conn, "d", {})
+    pgq.cancel_job(conn, old_cancelled)
+    pending = pgq.enqueue(conn, "e", {})
+    for job_id in (old_ok, old_failed, old_cancelled):
+        age_finished(conn, job_id, days=8)
+
+    assert ok(cli(dsn, "purge", "--older-than", "30d")) == (
+        "purged 0 jobs (succeeded, failed, cancelled) finished more than 30d ago\n"
+    )
+    assert ok_json(cli(dsn, "purge", "--older-than", "7d", "--state", "succeeded", "--json")) == {
+        "purged": 1,
+        "states": ["succeeded"],
+        "older_than_seconds": 604800.0,
+    }
+    remaining = {r[0] for r in conn.execute("SELECT id FROM pgq.job").fetchall()}
+    assert remaining == {old_failed, new_ok, old_cancelled, pending}
+
+    out = ok(cli(dsn, "purge", "--older-than", "1w"))
+    assert out.startswith("purged 2 jobs")
+    remaining = {r[0] for r in conn.execute("SELECT id FROM pgq.job").fetchall()}
+    assert remaining == {new_ok, pending}
+
+
+@pytest.mark.parametrize(
+    ("args", "pattern"),
+    [
+        (["purge", "--older-than", "7 days"], r"invalid duration '7 days'"),
+        (["purge", "--older-than=-1d"], r"invalid duration '-1d'"),
+        (["purge", "--older-than", "1d", "--state", "pending"], r"invalid choice: 'pending'"),
+        (["purge"], r"the following arguments are required: --older-than"),
+    ],
+)
+def test_purge_bad_input_exit_2(dsn: str, conn: Conn, args: list[str], pattern: str) -> None:
+    done = finished(conn, "a", JobState.SUCCEEDED)
+    age_finished(conn, done, days=30)
+    fails(cli(dsn, *args), 2, pattern)
+    assert count_rows(conn) == 1
+
+
+# ---- the database itself ----
+
+
+def test_a_database_that_is_not_migrated_is_one_line_exit_1(empty_dsn: str) -> None:
+    fails(cli(empty_dsn, "status"), 1, r"schema 'pgq' is at version 0, need \d+: run .* migrate")
+
+
+def test_a_database_that_does_not_exist_is_one_line_exit_1(dsn: str) -> None:
+    missing = make_conninfo(dsn, dbname="pgq_no_such_database")
+    fails(cli(missing, "depth"), 1, r"cannot connect to .*database does not exist")

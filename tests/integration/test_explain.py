@@ -1,0 +1,102 @@
+"""Query plans: the claim walks job_claim_idx and the rescue job_running_idx, even with a big
+table of finished jobs behind them."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import LiteralString
+
+from psycopg import sql
+
+from pgq_supervisor import sql as queries
+from pgq_supervisor.db import Conn
+
+FILL = """
+INSERT INTO pgq.job (type, payload, state, max_retry_count, started_at, stopped_at, worker_id,
+                     created_at)
+SELECT (ARRAY['a', 'b', 'c'])[1 + g % 3], '{}', 'succeeded', 3, now() - interval '1 hour',
+       now() - interval '59 minutes', 'old-worker', now() - interval '2 hours'
+FROM generate_series(1, 100000) g;
+
+INSERT INTO pgq.job (type, payload, priority)
+SELECT (ARRAY['a', 'b', 'c'])[1 + g % 3], jsonb_build_object('g', g), g % 4
+FROM generate_series(1, 1000) g;
+"""
+
+Plan = dict[str, object]
+
+
+def _nodes(plan: Plan) -> Iterator[Plan]:
+    yield plan
+    children = plan.get("Plans", [])
+    assert isinstance(children, list)
+    for child in children:
+        assert isinstance(child, dict)
+        yield from _nodes(child)
+
+
+def _plan(conn: Conn, name: LiteralString, params: dict[str, object]) -> list[Plan]:
+    query = sql.SQL("EXPLAIN (FORMAT JSON) ") + queries.query(name, "pgq")
+    row = conn.execute(query, params).fetchone()
+    assert row is not None
+    doc = row[0]
+    assert isinstance(doc, list)
+    top = doc[0]["Plan"]
+    return list(_nodes(top))
+
+
+def _job_scans(nodes: list[Plan]) -> list[Plan]:
+    return [n for n in nodes if n.get("Relation Name") == "job" and "Scan" in str(n["Node Type"])]
+
+
+def _fill(conn: Conn) -> None:
+    conn.execute(FILL)
+    conn.execute("ANALYZE pgq.job")
+    row = conn.execute(
+        "SELECT count(*) FILTER (WHERE state = 'pending'), count(*) FROM pgq.job"
+    ).fetchone()
+    assert row == (1000, 101_000)
+
+
+def test_claim_walks_job_claim_idx(conn: Conn) -> None:
+    _fill(conn)
+    for types in (["a"], ["a", "b", "c"], ["c", "not-served-here"]):
+        nodes = _plan(
+            conn,
+            "claim",
+            {
+                "types": types,
+                "max_retry_counts": [3] * len(types),
+                "limit": 10,
+                "worker_id": "w",
+                "lease": uuid.uuid4(),
+            },
+        )
+        # the rows are picked under LockRows (FOR UPDATE SKIP LOCKED); the update then
+        # finds them by primary key, which is not what this test is about
+        lockers = [n for n in nodes if n["Node Type"] == "LockRows"]
+        assert len(lockers) == 1, nodes
+        picking = list(_nodes(lockers[0]))
+        scans = _job_scans(picking)
+        assert [(s["Node Type"], s.get("Index Name")) for s in scans] == [
+            ("Index Scan", "job_claim_idx")
+        ], (types, picking)
+        # walking the index in order means no sort of the pending rows
+        assert not [n for n in picking if "Sort" in str(n["Node Type"])], picking
+        # and nothing reads the whole table
+        assert not [n for n in _job_scans(nodes) if n["Node Type"] == "Seq Scan"], nodes
+
+
+def test_rescue_reads_running_jobs_through_job_running_idx(conn: Conn) -> None:
+    _fill(conn)
+    conn.execute(
+        "UPDATE pgq.job SET state = 'running', started_at = now(), worker_alive_at = now(),"
+        " worker_id = 'w', lease = gen_random_uuid(), max_retry_count = 3"
+        " WHERE id IN (SELECT id FROM pgq.job WHERE state = 'pending' LIMIT 200)"
+    )
+    conn.execute("ANALYZE pgq.job")
+    nodes = _plan(conn, "rescue", {"dead_after": 30.0, "limit": 1000, "error": "x"})
+    scans = _job_scans(nodes)
+    assert scans, nodes
+    assert [s.get("Index Name") for s in scans] == ["job_running_idx"], scans

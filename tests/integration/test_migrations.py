@@ -1,0 +1,356 @@
+"""Migrations: the migrated database is the declared schema; migrate is idempotent and safe."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+from pathlib import Path
+
+import psycopg
+import pytest
+
+import pgq_supervisor as pgq
+from pgq_supervisor import db, schema, testing
+from pgq_supervisor.db import Conn
+from tests.integration.support import count_rows, in_threads
+
+# The declared schema, as PostgreSQL prints it back; "{s}" is the schema name.
+JOB_COLUMNS = {
+    "id": ("uuid", False),
+    "bundle_id": ("uuid", True),
+    "type": ("text", False),
+    "payload": ("jsonb", False),
+    "priority": ("integer", False),
+    "origin": ("text", True),
+    "state": ("job_state", False),
+    "max_retry_count": ("integer", True),
+    "current_retry_count": ("integer", False),
+    "start_at": ("timestamp with time zone", False),
+    "started_at": ("timestamp with time zone", True),
+    "stopped_at": ("timestamp with time zone", True),
+    "worker_alive_at": ("timestamp with time zone", True),
+    "worker_id": ("text", True),
+    "lease": ("uuid", True),
+    "timeout": ("double precision", True),
+    "unique_key": ("text", True),
+    "result": ("jsonb", True),
+    "error_msg": ("text", True),
+    "error_data": ("jsonb", True),
+    "attempts": ("jsonb", False),
+    "created_at": ("timestamp with time zone", False),
+    "updated_at": ("timestamp with time zone", False),
+}
+BUNDLE_COLUMNS = {
+    "id": ("uuid", False),
+    "type": ("text", False),
+    "origin": ("text", True),
+    "num_jobs": ("integer", False),
+    "num_jobs_stopped": ("integer", False),
+    "on_complete": ("text", True),
+    "created_at": ("timestamp with time zone", False),
+    "updated_at": ("timestamp with time zone", False),
+}
+VERSION_COLUMNS = {
+    "version": ("integer", False),
+    "name": ("text", False),
+    "applied_at": ("timestamp with time zone", False),
+}
+INDEXES = {
+    "job_pkey": "CREATE UNIQUE INDEX job_pkey ON {s}.job USING btree (id)",
+    "job_bundle_pkey": "CREATE UNIQUE INDEX job_bundle_pkey ON {s}.job_bundle USING btree (id)",
+    "schema_version_pkey": (
+        "CREATE UNIQUE INDEX schema_version_pkey ON {s}.schema_version USING btree (version)"
+    ),
+    "job_claim_idx": (
+        "CREATE INDEX job_claim_idx ON {s}.job USING btree (priority DESC, created_at, id)"
+        " WHERE (state = 'pending'::{s}.job_state)"
+    ),
+    "job_unique_key_idx": (
+        "CREATE UNIQUE INDEX job_unique_key_idx ON {s}.job USING btree (unique_key)"
+        " WHERE ((unique_key IS NOT NULL) AND (state = ANY"
+        " (ARRAY['pending'::{s}.job_state, 'running'::{s}.job_state])))"
+    ),
+    "job_bundle_idx": (
+        "CREATE INDEX job_bundle_idx ON {s}.job USING btree (bundle_id)"
+        " WHERE (bundle_id IS NOT NULL)"
+    ),
+    "job_running_idx": (
+        "CREATE INDEX job_running_idx ON {s}.job USING btree (worker_id)"
+        " WHERE (state = 'running'::{s}.job_state)"
+    ),
+    "job_finished_idx": (
+        "CREATE INDEX job_finished_idx ON {s}.job USING btree (state, stopped_at)"
+        " WHERE (stopped_at IS NOT NULL)"
+    ),
+}
+_TERMINAL = "ARRAY['succeeded'::{s}.job_state, 'failed'::{s}.job_state, 'cancelled'::{s}.job_state]"
+CHECKS = {
+    ("job", "job_type_check"): "CHECK (((char_length(type) >= 1) AND (char_length(type) <= 100)))",
+    ("job", "job_max_retry_count_check"): "CHECK ((max_retry_count >= 0))",
+    ("job", "job_timeout_check"): (
+        "CHECK (((timeout IS NULL) OR (timeout > (0)::double precision)))"
+    ),
+    ("job", "job_retry_range"): (
+        "CHECK (((current_retry_count >= 0) AND (current_retry_count <= max_retry_count)))"
+    ),
+    ("job", "job_running_is_started"): (
+        "CHECK (((state = 'running'::{s}.job_state) ="
+        " ((started_at IS NOT NULL) AND (stopped_at IS NULL))))"
+    ),
+    ("job", "job_terminal_is_stopped"): (
+        "CHECK (((state = ANY (" + _TERMINAL + ")) = (stopped_at IS NOT NULL)))"
+    ),
+    ("job", "job_pending_is_unclaimed"): (
+        "CHECK (((state <> 'pending'::{s}.job_state) OR ((started_at IS NULL)"
+        " AND (worker_alive_at IS NULL) AND (worker_id IS NULL) AND (lease IS NULL))))"
+    ),
+    ("job", "job_heartbeat_only_running"): (
+        "CHECK (((worker_alive_at IS NULL) OR (state = 'running'::{s}.job_state)))"
+    ),
+    ("job", "job_running_has_lease"): (
+        "CHECK (((state <> 'running'::{s}.job_state) OR ((lease IS NOT NULL)"
+        " AND (worker_id IS NOT NULL) AND (worker_alive_at IS NOT NULL)"
+        " AND (max_retry_count IS NOT NULL))))"
+    ),
+    ("job", "job_failed_has_error"): (
+        "CHECK (((state <> 'failed'::{s}.job_state) OR (error_msg IS NOT NULL)))"
+    ),
+    ("job_bundle", "job_bundle_type_check"): (
+        "CHECK (((char_length(type) >= 1) AND (char_length(type) <= 100)))"
+    ),
+    ("job_bundle", "job_bundle_num_jobs_check"): "CHECK ((num_jobs >= 0))",
+    ("job_bundle", "job_bundle_on_complete_check"): (
+        "CHECK (((on_complete IS NULL) OR ((char_length(on_complete) >= 1)"
+        " AND (char_length(on_complete) <= 100))))"
+    ),
+    ("job_bundle", "job_bundle_counter_range"): (
+        "CHECK (((num_jobs_stopped >= 0) AND (num_jobs_stopped <= num_jobs)))"
+    ),
+}
+TRIGGERS = {
+    "job_notify_inserted": (
+        "CREATE TRIGGER job_notify_inserted AFTER INSERT ON {s}.job REFERENCING NEW TABLE AS"
+        " new_jobs FOR EACH STATEMENT EXECUTE FUNCTION {s}.job_notify_inserted()"
+    ),
+    "job_bundle_count_update": (
+        "CREATE TRIGGER job_bundle_count_update AFTER UPDATE OF state ON {s}.job FOR EACH ROW"
+        " WHEN (((new.bundle_id IS NOT NULL) AND ((old.state = ANY (" + _TERMINAL + "))"
+        " IS DISTINCT FROM (new.state = ANY (" + _TERMINAL + ")))))"
+        " EXECUTE FUNCTION {s}.job_bundle_count()"
+    ),
+    "job_bundle_count_delete": (
+        "CREATE TRIGGER job_bundle_count_delete AFTER DELETE ON {s}.job FOR EACH ROW"
+        " WHEN ((old.bundle_id IS NOT NULL)) EXECUTE FUNCTION {s}.job_bundle_count()"
+    ),
+}
+FUNCTIONS = {"end_attempt", "release_jobs", "job_notify_inserted", "job_bundle_count"}
+
+
+def _all_versions() -> list[int]:
+    return [m.version for m in schema.available()]
+
+
+def _columns(conn: Conn, s: str, table: str) -> dict[str, tuple[str, bool]]:
+    rows = conn.execute(
+        "SELECT column_name, CASE data_type WHEN 'USER-DEFINED' THEN udt_name ELSE data_type END,"
+        " is_nullable = 'YES' FROM information_schema.columns"
+        " WHERE table_schema = %s AND table_name = %s",
+        (s, table),
+    ).fetchall()
+    return {r[0]: (r[1], r[2]) for r in rows}
+
+
+def assert_declared_schema(conn: Conn, s: str) -> None:
+    tables = conn.execute(
+        "SELECT tablename FROM pg_tables WHERE schemaname = %s ORDER BY 1", (s,)
+    ).fetchall()
+    assert [r[0] for r in tables] == ["job", "job_bundle", "schema_version"]
+    assert _columns(conn, s, "job") == JOB_COLUMNS
+    assert _columns(conn, s, "job_bundle") == BUNDLE_COLUMNS
+    assert _columns(conn, s, "schema_version") == VERSION_COLUMNS
+
+    labels = conn.execute(
+        "SELECT e.enumlabel FROM pg_enum e JOIN pg_type t ON t.oid = e.enumtypid"
+        " WHERE t.typname = 'job_state' AND t.typnamespace = %s::regnamespace"
+        " ORDER BY e.enumsortorder",
+        (s,),
+    ).fetchall()
+    assert [r[0] for r in labels] == ["pending", "running", "succeeded", "failed", "cancelled"]
+
+    rows = conn.execute(
+        "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = %s", (s,)
+    ).fetchall()
+    indexes: dict[str, str] = {r[0]: r[1] for r in rows}
+    assert indexes == {name: d.format(s=s) for name, d in INDEXES.items()}
+    # heartbeats must stay HOT updates: nothing may index worker_alive_at
+    assert not [d for d in indexes.values() if "worker_alive_at" in d]
+
+    checks = conn.execute(
+        "SELECT c.conrelid::regclass::text, c.conname, pg_get_constraintdef(c.oid)"
+        " FROM pg_constraint c WHERE c.connamespace = %s::regnamespace AND c.contype = 'c'",
+        (s,),
+    ).fetchall()
+    # conrelid::regclass prints unqualified when the schema is on the search_path
+    assert {(r[0].rpartition(".")[2], r[1]): r[2] for r in checks} == {
+        key: d.format(s=s) for key, d in CHECKS.items()
+    }
+    fk = conn.execute(
+        "SELECT pg_get_constraintdef(oid) FROM pg_constraint"
+        " WHERE connamespace = %s::regnamespace AND contype = 'f'",
+        (s,),
+    ).fetchall()
+    assert [r[0] for r in fk] == [
+        f"FOREIGN KEY (bundle_id) REFERENCES {s}.job_bundle(id) ON DELETE CASCADE"
+    ]
+
+    triggers = conn.execute(
+        "SELECT t.tgname, pg_get_triggerdef(t.oid) FROM pg_trigger t"
+        " JOIN pg_class c ON c.oid = t.tgrelid"
+        " WHERE NOT t.tgisinternal AND c.relnamespace = %s::regnamespace",
+        (s,),
+    ).fetchall()
+    assert dict(triggers) == {name: d.format(s=s) for name, d in TRIGGERS.items()}
+
+    functions = conn.execute(
+        "SELECT proname, proconfig FROM pg_proc WHERE pronamespace = %s::regnamespace", (s,)
+    ).fetchall()
+    assert {r[0] for r in functions} == FUNCTIONS
+    for name, config in functions:
+        # every function pins its search_path to the schema it was created in
+        assert config is not None and any(c.startswith("search_path=") for c in config), name
+        assert s in next(c for c in config if c.startswith("search_path=")), name
+
+    versions = conn.execute(
+        psycopg.sql.SQL("SELECT version, name FROM {}.schema_version").format(
+            psycopg.sql.Identifier(s)
+        )
+    ).fetchall()
+    assert [tuple(v) for v in versions] == [(m.version, m.name) for m in schema.available()]
+
+
+def test_migrating_an_empty_database_gives_the_declared_schema(empty_dsn: str) -> None:
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        assert pgq.migrate(conn, schema="pgq") == _all_versions()
+        assert_declared_schema(conn, "pgq")
+
+
+def test_migrate_twice_is_a_no_op(empty_dsn: str) -> None:
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        assert pgq.migrate(conn, schema="pgq") == _all_versions()
+        pgq.enqueue(conn, "t", {"kept": True}, schema="pgq")
+        assert pgq.migrate(conn, schema="pgq") == []
+        assert count_rows(conn) == 1
+        assert_declared_schema(conn, "pgq")
+
+
+def test_migrate_commits_on_its_own_from_a_non_autocommit_connection(empty_dsn: str) -> None:
+    with psycopg.connect(empty_dsn) as conn:
+        assert pgq.migrate(conn, schema="pgq") == _all_versions()
+        with psycopg.connect(empty_dsn, autocommit=True) as other:
+            assert schema.applied_versions(other, "pgq") == _all_versions()
+
+
+def test_migrating_step_by_step_gives_the_same_schema(
+    empty_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A database made by older releases, upgraded now, ends as a fresh one does."""
+    real = schema.available()
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        for upto in range(1, len(real) + 1):
+            step = tmp_path / str(upto)
+            step.mkdir()
+            for mig in real[:upto]:
+                shutil.copy(mig.path, step / mig.path.name)
+            monkeypatch.setattr(schema, "migrations_dir", lambda step=step: step)
+            assert pgq.migrate(conn, schema="pgq") == [upto]
+        monkeypatch.undo()
+        assert pgq.migrate(conn, schema="pgq") == []
+        assert_declared_schema(conn, "pgq")
+
+
+def test_concurrent_migrations_are_safe(empty_dsn: str) -> None:
+    start = threading.Barrier(4)
+
+    def migrate(n: int) -> list[int]:
+        with psycopg.connect(empty_dsn, autocommit=True) as own:
+            start.wait(timeout=30)
+            return pgq.migrate(own, schema="pgq")
+
+    results = in_threads(4, migrate)
+    assert sorted(results) == [[], [], [], _all_versions()]
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        assert_declared_schema(conn, "pgq")
+
+
+def test_a_failing_migration_leaves_the_database_as_it_was(
+    empty_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for mig in schema.available():
+        shutil.copy(mig.path, tmp_path / mig.path.name)
+    broken = tmp_path / f"{len(schema.available()) + 1:04d}_broken.sql"
+    broken.write_text("CREATE TABLE fine (x int);\nSELECT no_such_function();\n")
+    monkeypatch.setattr(schema, "migrations_dir", lambda: tmp_path)
+
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        with pytest.raises(pgq.DatabaseError, match="no_such_function"):
+            pgq.migrate(conn, schema="pgq")
+        row = conn.execute("SELECT count(*) FROM pg_namespace WHERE nspname = 'pgq'").fetchone()
+        assert row is not None and row[0] == 0
+
+
+def test_migration_files_must_be_numbered_without_gaps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "0001_a.sql").write_text("SELECT 1;")
+    (tmp_path / "0003_c.sql").write_text("SELECT 1;")
+    monkeypatch.setattr(schema, "migrations_dir", lambda: tmp_path)
+    with pytest.raises(pgq.PgqError, match=r"without gaps, found \[1, 3\]"):
+        schema.available()
+
+
+def test_the_queue_works_in_a_non_default_schema(empty_dsn: str) -> None:
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        assert pgq.migrate(conn, schema="other") == _all_versions()
+        assert_declared_schema(conn, "other")
+        row = conn.execute("SELECT count(*) FROM pg_namespace WHERE nspname = 'pgq'").fetchone()
+        assert row is not None and row[0] == 0
+
+        registry = pgq.Registry()
+
+        @registry.handler("part", max_retry_count=1, retry=lambda n, rng: 0.0)
+        def part(payload: dict[str, int], job: pgq.Job) -> int:
+            if job.attempt == 1 and payload["i"] == 0:
+                raise RuntimeError("first try fails")  # exercises end_attempt() in "other"
+            return payload["i"]
+
+        @registry.handler("after")
+        def after(payload: dict[str, str]) -> str:
+            return payload["bundle_id"]
+
+        bundle = pgq.enqueue_bundle(
+            conn,
+            "batch",
+            [pgq.NewJob("part", {"i": i}) for i in range(3)],
+            on_complete="after",
+            schema="other",
+        )
+        single = pgq.enqueue(conn, "part", {"i": 7}, schema="other", unique_key="u")
+        assert pgq.enqueue(conn, "part", {"i": 8}, schema="other", unique_key="u") == single
+
+        result = testing.drain(conn, registry, schema="other")
+        assert (result.succeeded, result.retried) == (5, 1)  # 3 parts + single + callback
+        assert pgq.get_job(conn, single, schema="other").result == 7
+        done = pgq.get_bundle(conn, bundle.id, schema="other")
+        assert done.is_complete and done.num_jobs_stopped == 3
+        assert count_rows(conn, schema="other") == 5
+        assert db.depth(conn, "other") == 0
+
+
+def test_two_schemas_in_one_database_keep_their_queues_apart(conn: Conn) -> None:
+    assert pgq.migrate(conn, schema="tenant_b") == _all_versions()
+    assert pgq.migrate(conn, schema="pgq") == []
+    pgq.enqueue(conn, "t", schema="pgq")
+    pgq.enqueue_many(conn, [pgq.NewJob("t"), pgq.NewJob("t")], schema="tenant_b")
+    assert (count_rows(conn), count_rows(conn, schema="tenant_b")) == (1, 2)
+    assert pgq.queue_depth(conn, schema="tenant_b") == 2
+    assert pgq.queue_depth(conn, schema="pgq") == 1

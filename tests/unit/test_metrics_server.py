@@ -1,0 +1,112 @@
+"""The metrics server in process: endpoints, health callbacks, bind address, and the queue
+gauges' bookkeeping (no database, no supervisor)."""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+
+from pgq_supervisor.jobs import JobState, TypeStats
+from pgq_supervisor.metrics import Metrics, MetricsServer
+from tests.acceptance.scrape import metric, scrape
+
+
+class Health:
+    def __init__(self) -> None:
+        self.healthy = True
+        self.ready = True
+
+
+@pytest.fixture
+def health() -> Health:
+    return Health()
+
+
+@pytest.fixture
+def metrics() -> Metrics:
+    return Metrics()
+
+
+def serve(metrics: Metrics, health: Health, host: str) -> MetricsServer:
+    server = MetricsServer(metrics, host, 0, lambda: health.healthy, lambda: health.ready)
+    server.start()
+    return server
+
+
+@pytest.fixture
+def server(metrics: Metrics, health: Health) -> Iterator[MetricsServer]:
+    s = serve(metrics, health, "127.0.0.1")
+    yield s
+    s.stop()
+
+
+def status(host: str, port: int, path: str) -> int:
+    try:
+        with urllib.request.urlopen(f"http://{host}:{port}{path}", timeout=5) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_health_endpoints_follow_the_supervisor(server: MetricsServer, health: Health) -> None:
+    assert status("127.0.0.1", server.port, "/healthz") == 200
+    assert status("127.0.0.1", server.port, "/readyz") == 200
+    health.ready = False  # e.g. draining, or the database is gone
+    assert status("127.0.0.1", server.port, "/readyz") == 503
+    assert status("127.0.0.1", server.port, "/healthz") == 200
+    health.healthy = False  # the loop stalled
+    assert status("127.0.0.1", server.port, "/healthz") == 503
+    assert status("127.0.0.1", server.port, "/metrics?x=1") == 200
+    assert status("127.0.0.1", server.port, "/other") == 404
+
+
+def test_counters_and_histograms(server: MetricsServer, metrics: Metrics) -> None:
+    metrics.record([("a", "succeeded", 0.2), ("a", "failed", 0.1), ("b", "retried", 2.0)], [0.01])
+    metrics.record_pruned(succeeded=7, failed=2)
+    s = scrape(server.port)
+    assert metric(s, "pgq_jobs_total", type="a", outcome="succeeded") == 1
+    assert metric(s, "pgq_jobs_total", type="a", outcome="failed") == 1
+    assert metric(s, "pgq_jobs_total", type="b", outcome="retried") == 1
+    assert metric(s, "pgq_job_duration_seconds_count", type="a") == 2
+    assert metric(s, "pgq_job_duration_seconds_sum", type="b") == 2.0
+    assert metric(s, "pgq_wake_latency_seconds_count") == 1
+    assert metric(s, "pgq_jobs_pruned_total", state="succeeded") == 7
+    assert metric(s, "pgq_jobs_pruned_total", state="failed") == 2
+
+
+def test_queue_gauges_reset_types_that_vanished(server: MetricsServer, metrics: Metrics) -> None:
+    metrics.update_queue(
+        [
+            TypeStats("a", JobState.PENDING, 5, 3, 12.5),
+            TypeStats("a", JobState.RUNNING, 2, 0, None),
+            TypeStats("b", JobState.PENDING, 1, 0, None),
+        ]
+    )
+    s = scrape(server.port)
+    assert (metric(s, "pgq_jobs_ready", type="a"), metric(s, "pgq_jobs_delayed", type="a")) == (
+        3,
+        2,
+    )
+    assert metric(s, "pgq_jobs_running", type="a") == 2
+    assert metric(s, "pgq_oldest_ready_age_seconds", type="a") == 12.5
+    assert metric(s, "pgq_jobs_delayed", type="b") == 1
+
+    metrics.update_queue([TypeStats("b", JobState.RUNNING, 1, 0, None)])
+    s = scrape(server.port)
+    # "a" left the queue: its gauges say 0 instead of keeping their last value
+    assert metric(s, "pgq_jobs_ready", type="a") == 0
+    assert metric(s, "pgq_jobs_running", type="a") == 0
+    assert metric(s, "pgq_oldest_ready_age_seconds", type="a") == 0
+    assert metric(s, "pgq_jobs_delayed", type="b") == 0
+    assert metric(s, "pgq_jobs_running", type="b") == 1
+
+
+def test_an_ipv6_bind_address_works(metrics: Metrics, health: Health) -> None:
+    server = serve(metrics, health, "::1")
+    try:
+        assert status("[::1]", server.port, "/healthz") == 200
+    finally:
+        server.stop()

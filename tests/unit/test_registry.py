@@ -1,0 +1,178 @@
+"""Registry: handler registration and payload validation. No database."""
+
+from __future__ import annotations
+
+import random
+
+import pydantic
+import pytest
+
+import pgq_supervisor as pgq
+from pgq_supervisor.errors import ConfigError
+from pgq_supervisor.jobs import JsonValue
+from pgq_supervisor.registry import DEFAULT_MAX_RETRY_COUNT, Handler, RetryPolicy
+
+
+class Resize(pydantic.BaseModel):
+    path: str
+    width: int = pydantic.Field(gt=0)
+
+
+def _only(registry: pgq.Registry) -> Handler:
+    (handler,) = registry.handlers.values()
+    return handler
+
+
+def test_handler_defaults_and_what_it_asks_for() -> None:
+    registry = pgq.Registry()
+
+    @registry.handler("plain")
+    def plain(payload: dict[str, int]) -> None:
+        return None
+
+    @registry.handler("full", timeout=60, max_retry_count=5)
+    def full(payload: Resize, job: pgq.Job, conn: object) -> None:
+        return None
+
+    assert registry.types == ["full", "plain"]
+    p, f = registry.get("plain"), registry.get("full")
+    assert (p.wants_job, p.wants_conn, p.timeout, p.max_retry_count) == (
+        False,
+        False,
+        None,
+        DEFAULT_MAX_RETRY_COUNT,
+    )
+    assert (f.wants_job, f.wants_conn, f.timeout, f.max_retry_count) == (True, True, 60, 5)
+    assert f.func is full and p.func is plain  # the decorator returns the function unchanged
+
+
+@pytest.mark.parametrize("type_", ["", "x" * 101, "two words"])
+def test_bad_type_name_is_a_config_error(type_: str) -> None:
+    registry = pgq.Registry()
+    with pytest.raises(ConfigError, match="invalid job type"):
+        registry.handler(type_)
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"timeout": 0}, "timeout must be > 0"),
+        ({"timeout": -1.5}, "timeout must be > 0"),
+        ({"max_retry_count": -1}, "max_retry_count must be >= 0"),
+    ],
+)
+def test_bad_handler_options_are_config_errors(options: dict[str, float], match: str) -> None:
+    registry = pgq.Registry()
+    with pytest.raises(ConfigError, match=match):
+        registry.handler("t", **options)  # type: ignore[arg-type]
+
+
+def test_a_type_cannot_have_two_handlers() -> None:
+    registry = pgq.Registry()
+
+    @registry.handler("t")
+    def first(payload: dict[str, int]) -> None:
+        return None
+
+    with pytest.raises(ConfigError, match="two handlers"):
+
+        @registry.handler("t")
+        def second(payload: dict[str, int]) -> None:
+            return None
+
+    assert registry.get("t").func is first
+
+
+def test_handler_signature_is_checked() -> None:
+    registry = pgq.Registry()
+    with pytest.raises(ConfigError, match="payload as its first parameter"):
+
+        @registry.handler("none")
+        def no_params() -> None:
+            return None
+
+    with pytest.raises(ConfigError, match="payload as its first parameter"):
+
+        @registry.handler("kwonly")
+        def keyword_only(*, payload: dict[str, int]) -> None:
+            return None
+
+    with pytest.raises(ConfigError, match=r"unknown parameters \['session'\]"):
+
+        @registry.handler("extra")
+        def extra(payload: dict[str, int], session: object) -> None:
+            return None
+
+    assert registry.handlers == {}
+
+
+def test_unknown_type_lookup_names_the_type() -> None:
+    with pytest.raises(pgq.InvalidInput, match="no handler for job type 'nope'"):
+        pgq.Registry().get("nope")
+
+
+def test_payload_is_validated_into_its_model() -> None:
+    registry = pgq.Registry()
+
+    @registry.handler("resize")
+    def resize(payload: Resize) -> None:
+        return None
+
+    handler = _only(registry)
+    assert handler.validate({"path": "a.png", "width": 3}) == Resize(path="a.png", width=3)
+    with pytest.raises(pgq.InvalidInput, match=r"payload for 'resize' is invalid: width:"):
+        handler.validate({"path": "a.png", "width": 0})
+    with pytest.raises(pgq.InvalidInput, match=r"path: Field required \(\+1 more\)"):
+        handler.validate({})
+
+
+def test_dict_annotation_is_validated_and_no_annotation_passes_through() -> None:
+    registry = pgq.Registry()
+
+    @registry.handler("typed")
+    def typed(payload: dict[str, int]) -> None:
+        return None
+
+    @registry.handler("untyped")
+    def untyped(payload):  # type: ignore[no-untyped-def]
+        return None
+
+    assert registry.get("typed").validate({"a": 1}) == {"a": 1}
+    with pytest.raises(pgq.InvalidInput, match="typed"):
+        registry.get("typed").validate({"a": "not a number"})
+    with pytest.raises(pgq.InvalidInput):
+        registry.get("typed").validate([1, 2])
+    anything: list[JsonValue] = [1, "two", None]
+    assert registry.get("untyped").validate(anything) is anything
+
+
+def test_unresolvable_annotation_is_a_config_error() -> None:
+    registry = pgq.Registry()
+    with pytest.raises(ConfigError, match="cannot resolve annotations"):
+
+        @registry.handler("t")
+        def handler(payload: NoSuchModel) -> None:  # type: ignore[name-defined]  # noqa: F821
+            return None
+
+
+def test_custom_backoff_is_kept() -> None:
+    registry = pgq.Registry()
+
+    def fixed(attempt: int, rng: random.Random) -> float:
+        return 7.0
+
+    @registry.handler("t", retry=fixed)
+    def handler(payload: dict[str, int]) -> None:
+        return None
+
+    assert registry.get("t").backoff(3, random.Random(0)) == 7.0
+
+
+def test_default_backoff_is_the_default_retry_policy() -> None:
+    registry = pgq.Registry()
+
+    @registry.handler("t")
+    def handler(payload: dict[str, int]) -> None:
+        return None
+
+    assert registry.get("t").backoff == RetryPolicy()
