@@ -14,7 +14,7 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 from datetime import datetime
-from typing import Any, LiteralString
+from typing import Any, LiteralString, TypedDict
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -253,15 +253,32 @@ def claim(
     max_retry_counts: Sequence[int],
     limit: int,
 ) -> list[Job]:
-    params = {
+    params = _claim_params(worker_id, types, max_retry_counts, limit)
+    with wrapped():
+        rows = conn.execute(_q("claim", schema), params).fetchall()
+    return _claimed(rows)
+
+
+class ClaimArgs(TypedDict):
+    worker_id: str
+    types: Sequence[str]
+    max_retry_counts: Sequence[int]
+    limit: int
+
+
+def _claim_params(
+    worker_id: str, types: Sequence[str], max_retry_counts: Sequence[int], limit: int
+) -> dict[str, object]:
+    return {
         "types": list(types),
         "max_retry_counts": list(max_retry_counts),
         "limit": limit,
         "worker_id": worker_id,
         "lease": uuid.uuid4(),
     }
-    with wrapped():
-        rows = conn.execute(_q("claim", schema), params).fetchall()
+
+
+def _claimed(rows: Sequence[Sequence[Any]]) -> list[Job]:
     jobs = [
         Job(
             id=JobId(r[0]),
@@ -297,10 +314,41 @@ def succeed(
     conn: Conn, schema: str, lease: LeaseToken, results: Sequence[tuple[JobId, str | None]]
 ) -> set[JobId]:
     """Mark jobs succeeded with their (JSON-text) results; returns the ids still held."""
-    params = {"ids": [r[0] for r in results], "results": [r[1] for r in results], "lease": lease}
+    params = {
+        "ids": [r[0] for r in results],
+        "results": [r[1] for r in results],
+        "done_lease": lease,
+    }
     with wrapped():
         rows = conn.execute(_q("succeed", schema), params).fetchall()
     return {JobId(r[0]) for r in rows}
+
+
+def succeed_and_claim(
+    conn: Conn,
+    schema: str,
+    lease: LeaseToken,
+    results: Sequence[tuple[JobId, str | None]],
+    *,
+    worker_id: str,
+    types: Sequence[str],
+    max_retry_counts: Sequence[int],
+    limit: int,
+) -> tuple[set[JobId], list[Job]]:
+    """`succeed` for one lease's jobs and `claim` of the next batch, in one statement.
+
+    The jobs must have no bundle (their counters need the bundle rows locked in order first).
+    """
+    params = {
+        "ids": [r[0] for r in results],
+        "results": [r[1] for r in results],
+        "done_lease": lease,
+        **_claim_params(worker_id, types, max_retry_counts, limit),
+    }
+    with wrapped():
+        rows = conn.execute(_q("succeed_and_claim", schema), params).fetchall()
+    done = {JobId(r[1]) for r in rows if not r[0]}
+    return done, _claimed([r[1:] for r in rows if r[0]])
 
 
 def end_attempt(

@@ -22,7 +22,7 @@ import pydantic
 
 from pgq_supervisor import db
 from pgq_supervisor.errors import InvalidInput, LeaseLost, PermanentError
-from pgq_supervisor.jobs import Job, JobState, JsonValue
+from pgq_supervisor.jobs import Job, JobId, JobState, JsonValue, LeaseToken
 from pgq_supervisor.registry import Handler, Registry
 
 log = logging.getLogger(__name__)
@@ -137,20 +137,32 @@ class Executor:
                     held = db.succeed(self.conn, self.schema, lease, results)
             else:
                 held = db.succeed(self.conn, self.schema, lease, results)
-            self._pending = [it for it in self._pending if it[0].lease != lease]
-            for job, _, took in items:
-                if job.id in held:
-                    outcomes.append(Outcome(job, "succeeded", took))
-                    log.info(
-                        "job succeeded id=%s type=%s attempt=%d duration=%.3fs worker=%s",
-                        job.id,
-                        job.type,
-                        job.attempt,
-                        took,
-                        self.worker_id,
-                    )
-                else:
-                    outcomes.append(self._lost_logged(job, took))
+            outcomes.extend(self.settle_buffered(lease, held))
+        return outcomes
+
+    def buffered_for_claim(self) -> tuple[LeaseToken, list[tuple[JobId, str | None]]] | None:
+        """The buffer, if it can ride on the next claim: one lease and no bundled job."""
+        if not self._pending:
+            return None
+        lease = self._pending[0][0].lease
+        if any(j.lease != lease or j.bundle_id is not None for j, _, _ in self._pending):
+            return None
+        return lease, [(j.id, r) for j, r, _ in self._pending]
+
+    def settle_buffered(self, lease: LeaseToken, held: set[JobId]) -> list[Outcome]:
+        """After the successes of `lease` were written: `held` are the ids that landed."""
+        items = [it for it in self._pending if it[0].lease == lease]
+        self._pending = [it for it in self._pending if it[0].lease != lease]
+        outcomes = []
+        for job, _, took in items:
+            if job.id in held:
+                outcomes.append(Outcome(job, "succeeded", took))
+                log.info(
+                    "job succeeded id=%s type=%s attempt=%d duration=%.3fs worker=%s",
+                    job.id, job.type, job.attempt, took, self.worker_id,
+                )  # fmt: skip
+            else:
+                outcomes.append(self._lost_logged(job, took))
         return outcomes
 
     def discard_buffered(self) -> list[Job]:

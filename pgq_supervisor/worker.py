@@ -166,11 +166,19 @@ class Worker:
         except (BrokenPipeError, EOFError):
             self.stopping = True  # supervisor gone: the job in hand was finished, leave
         finally:
+            self._flush_before_exit()
             # the supervisor may be gone; then nobody is left to report to
             with contextlib.suppress(OSError):
                 self._report()
             self.heartbeat.stop()
             self.conn.close()
+
+    def _flush_before_exit(self) -> None:
+        """Successes waiting to ride on a claim that will not come are written now."""
+        try:
+            self._flush()
+        except DatabaseError as exc:
+            log.warning("could not write %d successes before exit: %s", self.executor.buffered, exc)
 
     def _wait_for_wake(self) -> None:
         msg = self.pipe.recv()  # EOFError when the supervisor is gone
@@ -196,17 +204,27 @@ class Worker:
 
     def _claim(self) -> list[Job] | None:
         limit = max(1, min(self.spec.claim_batch, int(BATCH_BUDGET / max(self.per_job, 1e-6))))
+        claim: db.ClaimArgs = {
+            "worker_id": self.spec.worker_id,
+            "types": self.types,
+            "max_retry_counts": self.max_retries,
+            "limit": limit,
+        }
         try:
-            jobs = db.claim(
-                self.conn,
-                self.spec.schema,
-                worker_id=self.spec.worker_id,
-                types=self.types,
-                max_retry_counts=self.max_retries,
-                limit=limit,
-            )
+            buffered = self.executor.buffered_for_claim()
+            if buffered is not None:
+                # the last batch's successes ride on this claim: one statement, one commit
+                lease, results = buffered
+                held, jobs = db.succeed_and_claim(
+                    self.conn, self.spec.schema, lease, results, **claim
+                )
+                self._settled(self.executor.settle_buffered(lease, held))
+            else:
+                self._flush()
+                jobs = db.claim(self.conn, self.spec.schema, **claim)
         except DatabaseError as exc:
             self._reconnect(exc)
+            self._recover()
             return None
         if jobs and self.woken_at is not None:
             self.latencies.append(time.monotonic() - self.woken_at)
@@ -239,7 +257,9 @@ class Worker:
                 if self.executor.buffered and time.monotonic() - last_flush > REPORT_EVERY:
                     self._flush()
                     last_flush = time.monotonic()
-            self._flush()
+            if self.stopping:
+                self._flush()
+            # else the successes ride on the next claim (see _claim)
         except DatabaseError as exc:
             self.slot.clear()
             self._reconnect(exc)
@@ -254,7 +274,9 @@ class Worker:
             self._report()
 
     def _flush(self) -> None:
-        outcomes = self.executor.flush()
+        self._settled(self.executor.flush())
+
+    def _settled(self, outcomes: list[Outcome]) -> None:
         self._record(outcomes)
         for o in outcomes:
             self.heartbeat.drop(o.job.lease, [o.job.id])

@@ -24,9 +24,29 @@ def query_names() -> frozenset[str]:
     return frozenset(_raw_queries())
 
 
+_PLACEHOLDER_RE = re.compile(r"\{(\w+)\}")
+
+
 @functools.cache
 def query(name: str, schema: str) -> sql.Composed:
-    """The statement `name` with `{schema}` bound to the quoted identifier `schema`."""
+    """The statement `name` with `{schema}` bound to the quoted identifier `schema`.
+
+    Any other `{block}` placeholder is replaced by the named block `block` (a fragment shared
+    by several statements), itself bound the same way.
+    """
     # The text comes from our own packaged file, never from input: it is a literal in all but name.
     text: LiteralString = _raw_queries()[name]
-    return sql.SQL(text).format(schema=sql.Identifier(schema))
+    fragments = {
+        frag: query(frag, schema)
+        for frag in _PLACEHOLDER_RE.findall(_strip_comments(text))
+        if frag != "schema"
+    }
+    return sql.SQL(_strip_comments(text)).format(schema=sql.Identifier(schema), **fragments)
+
+
+def _strip_comments(text: LiteralString) -> LiteralString:
+    """Leading comment lines of a block: documentation, not part of the statement."""
+    lines = text.splitlines()
+    while lines and lines[0].startswith("--"):
+        lines.pop(0)
+    return "\n".join(lines)

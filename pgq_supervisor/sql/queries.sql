@@ -37,10 +37,13 @@ RETURNING id, type, origin, num_jobs, num_jobs_stopped, on_complete, created_at,
 
 -- name: claim
 -- Takes up to `limit` eligible jobs of the served types, highest priority then oldest, skipping
--- rows other workers hold, and marks them running under a fresh lease. The inner select walks
--- job_claim_idx; the ARRAY() keeps the update on the primary key (a join to a CTE here made
--- the planner hash-join a sequential scan of the whole table). A job enqueued without
--- max_retry_count gets its handler's default here.
+-- rows other workers hold, and marks them running under a fresh lease.
+{claim_update}
+
+-- name: claim_update
+-- (fragment) The inner select walks job_claim_idx; the ARRAY() keeps the update on the primary
+-- key (a join to a CTE here made the planner hash-join a sequential scan of the whole table).
+-- A job enqueued without max_retry_count gets its handler's default here.
 UPDATE {schema}.job j
 SET state = 'running', started_at = now(), worker_alive_at = now(), worker_id = %(worker_id)s,
     lease = %(lease)s, updated_at = now(),
@@ -71,14 +74,20 @@ SELECT id FROM {schema}.job_bundle WHERE id = ANY(%(ids)s::uuid[]) ORDER BY id F
 
 -- name: succeed
 -- Fenced batch completion. Returns the ids it completed; the rest had lost their lease.
--- pgq_job_stopped carries the ids, at most 200 per notification (payloads stop at 8000 bytes).
--- The inner join to `sent` is what runs the notify: an unused LEFT JOIN would be pruned.
-WITH done AS (
+WITH {succeed_ctes}
+SELECT d.id
+FROM done d CROSS JOIN sent
+
+-- name: succeed_ctes
+-- (fragment) pgq_job_stopped carries the ids, at most 200 per notification (payloads stop at
+-- 8000 bytes). The inner join to `sent` is what runs the notify: an unused LEFT JOIN would be
+-- pruned.
+done AS (
     UPDATE {schema}.job j
     SET state = 'succeeded', stopped_at = now(), worker_alive_at = NULL, lease = NULL,
         result = r.result, updated_at = now()
     FROM unnest(%(ids)s::uuid[], %(results)s::jsonb[]) AS r(id, result)
-    WHERE j.id = r.id AND j.state = 'running' AND j.lease = %(lease)s
+    WHERE j.id = r.id AND j.state = 'running' AND j.lease = %(done_lease)s
     RETURNING j.id
 ),
 sent AS (
@@ -87,8 +96,22 @@ sent AS (
           FROM (SELECT id, (row_number() OVER () - 1) / 200 AS chunk FROM done) k
           GROUP BY k.chunk) c
 )
-SELECT d.id
+
+-- name: succeed_and_claim
+-- Completes batch k and claims batch k+1 in one statement, one commit: half the round trips
+-- of a busy worker. The two updates touch disjoint rows (running vs pending). Rows with
+-- `claimed` false are completed ids; the others are the new batch.
+WITH {succeed_ctes},
+claimed AS (
+    {claim_update}
+)
+SELECT false AS claimed, d.id, NULL::text, NULL::jsonb, NULL::int, NULL::int, NULL::int,
+       NULL::float8, NULL::uuid, NULL::uuid
 FROM done d CROSS JOIN sent
+UNION ALL
+SELECT true, c.id, c.type, c.payload, c.priority, c.attempt, c.max_retry_count, c.timeout,
+       c.bundle_id, c.lease
+FROM claimed c
 
 -- name: end_attempt
 -- A failed attempt: retry after `delay` seconds if allowed and attempts are left, else failed.

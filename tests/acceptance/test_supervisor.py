@@ -136,7 +136,7 @@ def test_pod_death_rescued_by_second_supervisor(
 ) -> None:
     first = start(sups, dsn, "--procs", "2", *FAST)
     ready_children(first, 2)
-    ids = [pgq.enqueue(db, "sleep", {"seconds": 3.0}) for _ in range(2)]
+    ids = [pgq.enqueue(db, "sleep_first", {"seconds": 60.0}) for _ in range(2)]
     wait_for("both jobs running", lambda: count(dsn, "state = 'running'") == 2)
     second = start(sups, dsn, "--procs", "2", *FAST)
     ready_children(second, 2)
@@ -195,16 +195,16 @@ def test_poison_job_fails_while_others_flow(
 def test_sigterm_drains_then_releases_what_outlives_shutdown_timeout(
     dsn: str, db: psycopg.Connection[tuple[object, ...]], sups: list[Supervisor]
 ) -> None:
-    sup = start(sups, dsn, "--procs", "2", "--shutdown-timeout", "2", *FAST)
+    sup = start(sups, dsn, "--procs", "2", "--shutdown-timeout", "4", *FAST)
     ready_children(sup, 2)
-    short = pgq.enqueue(db, "sleep", {"seconds": 0.8}, priority=10)
+    short = pgq.enqueue(db, "sleep", {"seconds": 2.5}, priority=10)
     long = pgq.enqueue(db, "sleep", {"seconds": 60}, priority=10)
     wait_for("both running", lambda: worker_running(sup, short) and worker_running(sup, long))
     waiting = pgq.enqueue_many(db, [pgq.NewJob("sleep", {"seconds": 0.1}) for _ in range(5)])
     sent = time.monotonic()
     sup.signal(signal.SIGTERM)
     assert sup.wait(timeout=15) == 0
-    assert time.monotonic() - sent < 2 + 3  # shutdown_timeout plus the kill and release
+    assert time.monotonic() - sent < 4 + 3  # shutdown_timeout plus the kill and release
     assert job_state(db, short).state is pgq.JobState.SUCCEEDED
     long_job = job_state(db, long)
     assert long_job.state is pgq.JobState.PENDING

@@ -49,6 +49,16 @@ def sleep(payload: dict[str, float], job: pgq.Job, conn: Conn) -> dict[str, int]
     return {"pid": os.getpid()}
 
 
+@registry.handler("sleep_first", max_retry_count=3, retry=NO_BACKOFF)
+def sleep_first(payload: dict[str, float], job: pgq.Job, conn: Conn) -> None:
+    """Long on the first attempt (a job to be interrupted), quick on later ones."""
+    seconds = payload.get("seconds", 60.0) if job.attempt == 1 else 0.0
+    started = time.monotonic()
+    while time.monotonic() - started < seconds:
+        time.sleep(0.01)
+    _effect(conn, job)
+
+
 @registry.handler("spin", timeout=1.0, max_retry_count=2, retry=NO_BACKOFF)
 def spin(payload: dict[str, int]) -> None:
     """CPU-bound forever: a pure-Python loop that never returns to a checkpoint."""
