@@ -134,6 +134,7 @@ class Worker:
         self.last_report = time.monotonic()
         self.last_pipe_check = 0.0
         self.woken_at: float | None = None
+        self.error_backoff = 0.1
         self.title_idle = f"pgq-worker[{spec.index}] idle"
 
     # ---- main loop ----
@@ -190,10 +191,10 @@ class Worker:
         elif isinstance(msg, Stop):
             self.stopping = True
 
-    def _poll_pipe(self) -> None:
+    def _poll_pipe(self, force: bool = False) -> None:
         """Between jobs, at most every 10 ms: has the supervisor asked us to stop?"""
         now = time.monotonic()
-        if now - self.last_pipe_check < CHECK_PIPE_EVERY:
+        if not force and now - self.last_pipe_check < CHECK_PIPE_EVERY:
             return
         self.last_pipe_check = now
         try:
@@ -226,6 +227,7 @@ class Worker:
             self._reconnect(exc)
             self._recover()
             return None
+        self.error_backoff = 0.1
         if jobs and self.woken_at is not None:
             self.latencies.append(time.monotonic() - self.woken_at)
         self.woken_at = None
@@ -302,7 +304,13 @@ class Worker:
             self.heartbeat.drop(rest[0].lease, ids)
 
     def _reconnect(self, exc: DatabaseError) -> None:
-        log.warning("worker %s lost its database connection: %s", self.spec.worker_id, exc)
+        """After a database error: back off (errors that repeat, such as a schema that is
+        not migrated, must not spin), then reconnect if the connection is gone."""
+        log.warning("worker %s database error: %s", self.spec.worker_id, exc)
+        self._sleep_polling(self.error_backoff)
+        self.error_backoff = min(self.error_backoff * 2, 5.0)
+        if not self.conn.closed and not self.conn.broken:
+            return
         self.conn.close()
         delay = 0.2
         while not self.stopping:
@@ -316,9 +324,16 @@ class Worker:
                 log.info("worker %s reconnected", self.spec.worker_id)
                 return
             except DatabaseError:
-                time.sleep(delay)
+                self._sleep_polling(delay)
                 delay = min(delay * 2, 5.0)
-                self._poll_pipe()
+
+    def _sleep_polling(self, seconds: float) -> None:
+        """Sleep, but wake for a Stop from the supervisor."""
+        try:
+            if self.pipe.poll(seconds):
+                self._poll_pipe(force=True)
+        except (EOFError, OSError):
+            self.stopping = True
 
     def _record(self, outcomes: list[Outcome]) -> None:
         self.outcomes.extend((o.job.type, o.kind, o.duration) for o in outcomes)

@@ -41,22 +41,19 @@ RETURNING id, type, origin, num_jobs, num_jobs_stopped, on_complete, created_at,
 {claim_update}
 
 -- name: claim_update
--- (fragment) The inner select walks job_claim_idx; the ARRAY() keeps the update on the primary
--- key (a join to a CTE here made the planner hash-join a sequential scan of the whole table).
--- A job enqueued without max_retry_count gets its handler's default here.
+-- (fragment) claim_pick (schema/0003) locks the rows, walking job_claim_idx in order with its
+-- plan pinned; the update then finds them by primary key (a join to a CTE here made the
+-- planner hash-join a sequential scan of the whole table). A job enqueued without
+-- max_retry_count gets its handler's default here.
 UPDATE {schema}.job j
 SET state = 'running', started_at = now(), worker_alive_at = now(), worker_id = %(worker_id)s,
     lease = %(lease)s, updated_at = now(),
     max_retry_count = coalesce(
         j.max_retry_count,
         (%(max_retry_counts)s::int[])[array_position(%(types)s::text[], j.type)])
-WHERE j.id = ANY(ARRAY(
-    SELECT p.id
-    FROM {schema}.job p
-    WHERE p.state = 'pending' AND p.start_at <= now() AND p.type = ANY(%(types)s::text[])
-    ORDER BY p.priority DESC, p.created_at, p.id
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED))
+-- The sub-select makes it run once (an InitPlan): claim_pick is volatile, and called in the
+-- WHERE clause directly it would run for every row of the table.
+WHERE j.id = ANY((SELECT {schema}.claim_pick(%(types)s::text[], %(limit)s::int))::uuid[])
 RETURNING j.id, j.type, j.payload, j.priority, j.current_retry_count + 1 AS attempt,
           j.max_retry_count, j.timeout, j.bundle_id, j.lease
 

@@ -143,7 +143,13 @@ TRIGGERS = {
         " WHEN ((old.bundle_id IS NOT NULL)) EXECUTE FUNCTION {s}.job_bundle_count()"
     ),
 }
-FUNCTIONS = {"end_attempt", "release_jobs", "job_notify_inserted", "job_bundle_count"}
+FUNCTIONS = {
+    "end_attempt",
+    "release_jobs",
+    "job_notify_inserted",
+    "job_bundle_count",
+    "claim_pick",
+}
 
 
 def _all_versions() -> list[int]:
