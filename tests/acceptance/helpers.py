@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -32,6 +33,11 @@ def wait_for(
             return last
         time.sleep(interval)  # polling a condition with a deadline
     raise AssertionError(f"timed out after {timeout:g} s waiting for {what} (last: {last!r})")
+
+
+APP = "pgq_test_app:registry"
+# quick failure detection for tests: dead_after must stay >= 3 x heartbeat_interval
+FAST = ("--heartbeat-interval", "0.5", "--dead-after", "2", "--poll-interval", "0.5")
 
 
 class Supervisor:
@@ -80,6 +86,17 @@ class Supervisor:
             ["ps", "-o", "pid=,args=", "--ppid", str(self.pid)], capture_output=True, text=True
         ).stdout
         return [int(line.split()[0]) for line in out.splitlines() if "pgq-worker[" in line]
+
+    def wait_ready(self, n: int, timeout: float = 30.0) -> list[int]:
+        """Wait until n children said they are ready; returns their pids."""
+
+        def check() -> list[int] | None:
+            assert self.proc.poll() is None, f"supervisor exited early:\n{self.log()}"
+            pids = self.children()
+            ready = len(re.findall(r"child \d+ ready", self.log()))
+            return pids if ready >= n and len(pids) == n else None
+
+        return wait_for(f"{n} ready children of supervisor {self.pid}", check, timeout=timeout)
 
     def signal(self, sig: signal.Signals) -> None:
         self.proc.send_signal(sig)

@@ -5,37 +5,13 @@ from __future__ import annotations
 
 import re
 import subprocess
-from collections.abc import Iterator
 from datetime import timedelta
-
-import psycopg
-import pytest
 
 import pgq_supervisor as pgq
 from pgq_supervisor import db as pgq_db
-from tests.acceptance.apps.pgq_test_app import EFFECTS_DDL
-from tests.acceptance.helpers import Supervisor, count, wait_for
+from tests.acceptance.conftest import Conn
+from tests.acceptance.helpers import APP, FAST, Supervisor, count, wait_for
 from tests.acceptance.scrape import Samples, free_port, get, metric, scrape
-
-APP = "pgq_test_app:registry"
-FAST = ("--heartbeat-interval", "0.5", "--dead-after", "2", "--poll-interval", "0.5")
-
-Conn = psycopg.Connection[tuple[object, ...]]
-
-
-@pytest.fixture
-def db(dsn: str) -> Iterator[Conn]:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(EFFECTS_DDL)
-        yield conn
-
-
-@pytest.fixture
-def sups() -> Iterator[list[Supervisor]]:
-    started: list[Supervisor] = []
-    yield started
-    for s in started:
-        s.close()
 
 
 def idle_children(sup: Supervisor) -> int:

@@ -3,47 +3,13 @@ and the queue depth an autoscaler reads falls to zero."""
 
 from __future__ import annotations
 
-import re
 from collections import Counter
-from collections.abc import Iterator
-
-import psycopg
-import pytest
 
 import pgq_supervisor as pgq
-from tests.acceptance.apps.pgq_test_app import EFFECTS_DDL
-from tests.acceptance.helpers import Supervisor, count, run_cli, wait_for
+from tests.acceptance.conftest import Conn
+from tests.acceptance.helpers import APP, FAST, Supervisor, count, run_cli, wait_for
 
-APP = "pgq_test_app:registry"
-FAST = ("--heartbeat-interval", "0.5", "--dead-after", "2", "--poll-interval", "0.5")
 JOBS = 3000
-
-Conn = psycopg.Connection[tuple[object, ...]]
-
-
-@pytest.fixture
-def db(dsn: str) -> Iterator[Conn]:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(EFFECTS_DDL)
-        yield conn
-
-
-@pytest.fixture
-def sups() -> Iterator[list[Supervisor]]:
-    started: list[Supervisor] = []
-    yield started
-    for s in started:
-        s.close()
-
-
-def ready_children(sup: Supervisor, n: int) -> list[int]:
-    def check() -> list[int] | None:
-        assert sup.proc.poll() is None, f"supervisor exited early:\n{sup.log()}"
-        pids = sup.children()
-        ready = len(re.findall(r"child \d+ ready", sup.log()))
-        return pids if ready >= n and len(pids) == n else None
-
-    return wait_for(f"{n} ready children of supervisor {sup.pid}", check, timeout=30)
 
 
 def test_three_supervisors_share_3000_jobs_and_run_each_once(
@@ -51,7 +17,7 @@ def test_three_supervisors_share_3000_jobs_and_run_each_once(
 ) -> None:
     for _ in range(3):
         sups.append(Supervisor(dsn, APP, "--procs", "2", "--types", "record", *FAST))
-    children = {sup.pid: set(ready_children(sup, 2)) for sup in sups}
+    children = {sup.pid: set(sup.wait_ready(2)) for sup in sups}
 
     ids = pgq.enqueue_many(db, [pgq.NewJob("record", {"n": i}) for i in range(JOBS)])
     # six children take at most 100 jobs per claim: most are still waiting right after enqueue

@@ -7,7 +7,6 @@ import re
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
 from uuid import UUID
 
 import psycopg
@@ -15,25 +14,8 @@ import pytest
 
 import pgq_supervisor as pgq
 from tests.acceptance.apps.pgq_test_app import EFFECTS_DDL
-from tests.acceptance.helpers import Supervisor, count, run_cli, wait_for
-
-FAST = ("--heartbeat-interval", "0.5", "--dead-after", "2", "--poll-interval", "0.5")
-APP = "pgq_test_app:registry"
-
-
-@pytest.fixture
-def db(dsn: str) -> Iterator[psycopg.Connection[tuple[object, ...]]]:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(EFFECTS_DDL)
-        yield conn
-
-
-@pytest.fixture
-def sups() -> Iterator[list[Supervisor]]:
-    started: list[Supervisor] = []
-    yield started
-    for s in started:
-        s.close()
+from tests.acceptance.conftest import Conn
+from tests.acceptance.helpers import APP, FAST, Supervisor, count, run_cli, wait_for
 
 
 def start(sups: list[Supervisor], dsn: str, *args: str) -> Supervisor:
@@ -42,18 +24,7 @@ def start(sups: list[Supervisor], dsn: str, *args: str) -> Supervisor:
     return sup
 
 
-def ready_children(sup: Supervisor, n: int) -> list[int]:
-    def check() -> list[int] | None:
-        assert sup.proc.poll() is None, f"supervisor exited early:\n{sup.log()}"
-        pids = sup.children()
-        return (
-            pids if len(re.findall(r"child \d+ ready", sup.log())) >= n and len(pids) == n else None
-        )
-
-    return wait_for(f"{n} ready children", check, timeout=30)
-
-
-def job_state(conn: psycopg.Connection[tuple[object, ...]], job_id: UUID) -> pgq.JobRecord:
+def job_state(conn: Conn, job_id: UUID) -> pgq.JobRecord:
     return pgq.get_job(conn, pgq.JobId(job_id))
 
 
@@ -67,10 +38,10 @@ def worker_running(sup: Supervisor, job_id: UUID) -> int | None:
 
 
 def test_500_jobs_4_procs_each_once_spread_over_children(
-    dsn: str, db: psycopg.Connection[tuple[object, ...]], sups: list[Supervisor]
+    dsn: str, db: Conn, sups: list[Supervisor]
 ) -> None:
     sup = start(sups, dsn, "--procs", "4", *FAST)
-    pids = ready_children(sup, 4)
+    pids = sup.wait_ready(4)
     ids = pgq.enqueue_many(db, [pgq.NewJob("sleep", {"seconds": 0.005}) for _ in range(500)])
     wait_for("500 succeeded", lambda: count(dsn, "state = 'succeeded'") == 500, timeout=60)
     rows = db.execute("SELECT job_id, count(*), min(pid) FROM effects GROUP BY job_id").fetchall()
@@ -80,12 +51,10 @@ def test_500_jobs_4_procs_each_once_spread_over_children(
     assert sup.stop() == 0
 
 
-def test_sigkill_child_reruns_job_at_once(
-    dsn: str, db: psycopg.Connection[tuple[object, ...]], sups: list[Supervisor]
-) -> None:
+def test_sigkill_child_reruns_job_at_once(dsn: str, db: Conn, sups: list[Supervisor]) -> None:
     # dead_after is long: recovery must come from the reaper, not the rescuer
     sup = start(sups, dsn, "--procs", "2", "--heartbeat-interval", "5", "--dead-after", "60")
-    ready_children(sup, 2)
+    sup.wait_ready(2)
     job_id = pgq.enqueue(db, "sleep", {"seconds": 1.5})
     victim = wait_for("job running", lambda: worker_running(sup, job_id))
     killed_at = time.monotonic()
@@ -106,11 +75,11 @@ def test_sigkill_child_reruns_job_at_once(
 
 
 def test_sigstop_past_dead_after_fences_the_stale_worker(
-    dsn: str, db: psycopg.Connection[tuple[object, ...]], sups: list[Supervisor]
+    dsn: str, db: Conn, sups: list[Supervisor]
 ) -> None:
     sup = start(sups, dsn, "--procs", "2", "--heartbeat-interval", "0.2", "--dead-after", "1",
                 "--poll-interval", "0.3")  # fmt: skip
-    ready_children(sup, 2)
+    sup.wait_ready(2)
     job_id = pgq.enqueue(db, "sleep", {"seconds": 1.0})
     stopped = wait_for("job running", lambda: worker_running(sup, job_id))
     os.kill(stopped, signal.SIGSTOP)
@@ -131,15 +100,13 @@ def test_sigstop_past_dead_after_fences_the_stale_worker(
     assert [a["kind"] for a in job.attempts if isinstance(a, dict)] == ["rescued"]
 
 
-def test_pod_death_rescued_by_second_supervisor(
-    dsn: str, db: psycopg.Connection[tuple[object, ...]], sups: list[Supervisor]
-) -> None:
+def test_pod_death_rescued_by_second_supervisor(dsn: str, db: Conn, sups: list[Supervisor]) -> None:
     first = start(sups, dsn, "--procs", "2", *FAST)
-    ready_children(first, 2)
+    first.wait_ready(2)
     ids = [pgq.enqueue(db, "sleep_first", {"seconds": 60.0}) for _ in range(2)]
     wait_for("both jobs running", lambda: count(dsn, "state = 'running'") == 2)
     second = start(sups, dsn, "--procs", "2", *FAST)
-    ready_children(second, 2)
+    second.wait_ready(2)
     first.kill_group()  # the whole pod: supervisor and children at once
     killed_at = time.monotonic()
     first.proc.wait(timeout=10)
@@ -161,10 +128,10 @@ def test_pod_death_rescued_by_second_supervisor(
 
 
 def test_cpu_bound_timeout_kills_retries_then_fails(
-    dsn: str, db: psycopg.Connection[tuple[object, ...]], sups: list[Supervisor]
+    dsn: str, db: Conn, sups: list[Supervisor]
 ) -> None:
     sup = start(sups, dsn, "--procs", "2", *FAST)
-    ready_children(sup, 2)
+    sup.wait_ready(2)
     job_id = pgq.enqueue(db, "spin", {})
     wait_for("spin failed", lambda: job_state(db, job_id).state is pgq.JobState.FAILED, 30)
     job = job_state(db, job_id)
@@ -175,11 +142,9 @@ def test_cpu_bound_timeout_kills_retries_then_fails(
     wait_for("children replaced", lambda: len(sup.children()) == 2)
 
 
-def test_poison_job_fails_while_others_flow(
-    dsn: str, db: psycopg.Connection[tuple[object, ...]], sups: list[Supervisor]
-) -> None:
+def test_poison_job_fails_while_others_flow(dsn: str, db: Conn, sups: list[Supervisor]) -> None:
     sup = start(sups, dsn, "--procs", "2", *FAST)
-    ready_children(sup, 2)
+    sup.wait_ready(2)
     poison = pgq.enqueue(db, "poison", {})
     pgq.enqueue_many(db, [pgq.NewJob("record", {}) for _ in range(100)])
     wait_for("poison failed", lambda: job_state(db, poison).state is pgq.JobState.FAILED, 30)
@@ -193,10 +158,10 @@ def test_poison_job_fails_while_others_flow(
 
 
 def test_sigterm_drains_then_releases_what_outlives_shutdown_timeout(
-    dsn: str, db: psycopg.Connection[tuple[object, ...]], sups: list[Supervisor]
+    dsn: str, db: Conn, sups: list[Supervisor]
 ) -> None:
     sup = start(sups, dsn, "--procs", "2", "--shutdown-timeout", "4", *FAST)
-    ready_children(sup, 2)
+    sup.wait_ready(2)
     short = pgq.enqueue(db, "sleep", {"seconds": 2.5}, priority=10)
     long = pgq.enqueue(db, "sleep", {"seconds": 60}, priority=10)
     wait_for("both running", lambda: worker_running(sup, short) and worker_running(sup, long))
@@ -215,10 +180,10 @@ def test_sigterm_drains_then_releases_what_outlives_shutdown_timeout(
     assert count(dsn, "state = 'running'") == 0
 
 
-def test_process_titles(dsn: str, db: psycopg.Connection[tuple[object, ...]],
+def test_process_titles(dsn: str, db: Conn,
                         sups: list[Supervisor]) -> None:  # fmt: skip
     sup = start(sups, dsn, "--procs", "2", *FAST)
-    ready_children(sup, 2)
+    sup.wait_ready(2)
     job_id = pgq.enqueue(db, "sleep", {"seconds": 2})
     wait_for("busy title", lambda: worker_running(sup, job_id))
     out = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout
@@ -230,11 +195,9 @@ def test_process_titles(dsn: str, db: psycopg.Connection[tuple[object, ...]],
     assert "password" not in " ".join(titles.values())
 
 
-def test_sigttin_sigttou_resize(
-    dsn: str, db: psycopg.Connection[tuple[object, ...]], sups: list[Supervisor]
-) -> None:
+def test_sigttin_sigttou_resize(dsn: str, db: Conn, sups: list[Supervisor]) -> None:
     sup = start(sups, dsn, "--procs", "1", *FAST)
-    ready_children(sup, 1)
+    sup.wait_ready(1)
     sup.signal(signal.SIGTTIN)
     wait_for("two children", lambda: len(sup.children()) == 2)
     sup.signal(signal.SIGTTOU)
@@ -290,10 +253,10 @@ def test_postgres_restart_loses_nothing(mode: str, sups: list[Supervisor]) -> No
 
 
 def test_children_finish_their_job_and_exit_when_the_supervisor_dies(
-    dsn: str, db: psycopg.Connection[tuple[object, ...]], sups: list[Supervisor]
+    dsn: str, db: Conn, sups: list[Supervisor]
 ) -> None:
     sup = start(sups, dsn, "--procs", "2", *FAST)
-    pids = ready_children(sup, 2)
+    pids = sup.wait_ready(2)
     job_id = pgq.enqueue(db, "sleep", {"seconds": 1.0})
     wait_for("job running", lambda: worker_running(sup, job_id))
     os.kill(sup.pid, signal.SIGKILL)  # the supervisor alone; its children see pipe EOF

@@ -10,13 +10,9 @@ import pytest
 
 import pgq_supervisor as pgq
 from tests.acceptance.apps.pgq_test_app import EFFECTS_DDL
-from tests.acceptance.helpers import Supervisor, count, wait_for
+from tests.acceptance.conftest import Conn
+from tests.acceptance.helpers import APP, FAST, Supervisor, count, wait_for
 from tests.acceptance.scrape import free_port, get, metric, scrape
-
-APP = "pgq_test_app:registry"
-FAST = ("--heartbeat-interval", "0.5", "--dead-after", "2", "--poll-interval", "0.5")
-
-Conn = psycopg.Connection[tuple[object, ...]]
 
 FINISHED = """
 INSERT INTO pgq.job (type, payload, state, max_retry_count, started_at, stopped_at, error_msg)
