@@ -1,0 +1,8 @@
+"""`python -m benchmarks`: see benchmarks/run.py and benchmarks/README.md."""
+
+import sys
+
+from benchmarks.run import main
+
+if __name__ == "__main__":
+    sys.exit(main())

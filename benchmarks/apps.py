@@ -1,0 +1,88 @@
+"""Handlers the benchmark supervisor runs (`--app benchmarks.apps:registry`).
+
+Each handler is the smallest thing its measure needs; what a handler reports comes back in the
+job's `result` (stored by the queue) or, for the crash probe, in a file, because a SIGKILLed
+child never gets to write a result.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pydantic
+
+import pgq_supervisor as pgq
+
+NOOP = "bench_noop"
+WAKE = "bench_wake"
+SPIN = "bench_spin"
+CRASH = "bench_crash"
+
+registry = pgq.Registry()
+
+
+@registry.handler(NOOP)
+def noop(payload: object) -> None:
+    """Does nothing: the drain measures the queue's own cost per job."""
+
+
+@registry.handler(WAKE)
+def wake(payload: object) -> dict[str, float]:
+    """Reports the wall-clock time at which the handler started."""
+    return {"t": time.time()}
+
+
+class SpinPayload(pydantic.BaseModel):
+    loops: int
+
+
+@registry.handler(SPIN)
+def spin_handler(payload: SpinPayload) -> dict[str, float]:
+    """Pure-Python CPU work, about 20 ms with the calibrated loop count; reports its duration."""
+    start = time.perf_counter()
+    spin(payload.loops)
+    return {"s": time.perf_counter() - start}
+
+
+class CrashPayload(pydantic.BaseModel):
+    log: str
+    sleep: float = 120.0
+
+
+# No backoff: the measure is the queue's reaction to a death, not a retry delay.
+@registry.handler(CRASH, max_retry_count=50, retry=pgq.RetryPolicy(base=0, cap=0))
+def crash_probe(payload: CrashPayload, job: pgq.Job) -> None:
+    """Appends "attempt pid time" to the log file, then sleeps until it is killed."""
+    line = f"{job.attempt} {os.getpid()} {time.time():.6f}\n".encode()
+    fd = os.open(payload.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)  # one write on an O_APPEND file: lines never interleave
+    finally:
+        os.close(fd)
+    time.sleep(payload.sleep)
+
+
+def spin(loops: int) -> int:
+    """The CPU-bound work: a plain Python loop that holds the GIL throughout."""
+    x = 0
+    for i in range(loops):
+        x = (x + i * i) % 1_000_003
+    return x
+
+
+def calibrate_spin(seconds: float, rounds: int = 5) -> int:
+    """The loop count for which spin() takes about `seconds` of CPU on this machine.
+
+    Timed with process CPU time, not the wall clock: other load on the machine would
+    otherwise make the loop look slower during calibration and the jobs come out short once
+    it is gone. Takes the fastest round.
+    """
+    probe = 200_000
+    spin(probe // 10)  # warm up
+    best = float("inf")
+    for _ in range(rounds):
+        start = time.process_time()
+        spin(probe)
+        best = min(best, (time.process_time() - start) / probe)
+    return max(1, round(seconds / best))

@@ -1,0 +1,154 @@
+"""The command line of `python -m benchmarks`, parsed once into a typed, validated Options."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks.report import Json
+
+GROUPS = ("enqueue", "drain", "cpu", "wake", "kill")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Options:
+    dsn: str | None
+    runs: int
+    groups: tuple[str, ...]
+    peers: bool
+    drain_procs: tuple[int, ...]
+    drain_jobs: int
+    single_jobs: int
+    bulk_jobs: int
+    wake_samples: int
+    kills: int
+    cpu_ms: float
+    cpu_jobs_per_proc: int
+    start_gate: bool
+    supervisor_args: tuple[str, ...]
+    output: Path | None
+    markdown: bool
+    argv: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Json]:
+        return {
+            "runs": self.runs,
+            "groups": list(self.groups),
+            "peers": self.peers,
+            "drain_procs": list(self.drain_procs),
+            "drain_jobs": self.drain_jobs,
+            "single_jobs": self.single_jobs,
+            "bulk_jobs": self.bulk_jobs,
+            "wake_samples": self.wake_samples,
+            "kills": self.kills,
+            "cpu_ms": self.cpu_ms,
+            "cpu_jobs_per_proc": self.cpu_jobs_per_proc,
+            "start_gate": self.start_gate,
+            "supervisor_args": list(self.supervisor_args),
+        }
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks",
+        description="Throughput, latency, scaling and recovery of pgq_supervisor (SPEC §8). "
+        "See benchmarks/README.md.",
+    )
+    add = p.add_argument
+    add(
+        "--dsn",
+        help="server to use (default: 127.0.0.1:5432 if it answers, else an embedded "
+        "server); the harness creates and drops bench_* databases on it",
+    )
+    add("--runs", type=int, default=3, help="runs per figure; a figure is their median (3)")
+    add(
+        "--only",
+        default=",".join(GROUPS),
+        metavar="GROUPS",
+        help=f"comma-separated groups to run, of {','.join(GROUPS)} (default: all)",
+    )
+    add(
+        "--peers",
+        action="store_true",
+        help="also run the enqueue and drain workloads "
+        "through pgqueuer and procrastinate (the `bench` extra)",
+    )
+    add("--procs", default="1,2,4,8", help="drain: child counts (default 1,2,4,8)")
+    add("--drain-jobs", type=int, default=20_000, help="drain: jobs per run (20,000)")
+    add(
+        "--single-jobs",
+        type=int,
+        default=2_000,
+        help="enqueue: jobs per run, one per transaction (2,000)",
+    )
+    add(
+        "--bulk-jobs",
+        type=int,
+        default=50_000,
+        help="enqueue: jobs per run in bulk, 1,000 per call (50,000)",
+    )
+    add("--wake-samples", type=int, default=200, help="wake latency: samples per run (200)")
+    add("--kills", type=int, default=3, help="SIGKILL to rerun: kills per run (3)")
+    add("--cpu-ms", type=float, default=20.0, help="CPU-bound: job length in ms (20)")
+    add(
+        "--cpu-jobs-per-proc", type=int, default=100, help="CPU-bound: jobs per run per child (100)"
+    )
+    add(
+        "--cold-start",
+        action="store_true",
+        help="drains: no start gate; time from the first claim while children are still booting",
+    )
+    add(
+        "--supervisor-args",
+        default="",
+        metavar="FLAGS",
+        help="extra flags for every supervisor, e.g. '--claim-batch 200'",
+    )
+    add("--output", type=Path, help="JSON file (default: benchmarks/results/<UTC time>.json)")
+    add("--markdown", action="store_true", help="also print the table as markdown")
+    return p
+
+
+def parse_args(argv: Sequence[str]) -> Options:
+    """Options from the command line; exits 2 with one line on bad usage."""
+    p = _parser()
+    ns = p.parse_args(argv)
+    groups = tuple(g.strip() for g in str(ns.only).split(",") if g.strip())
+    unknown = sorted(set(groups) - set(GROUPS))
+    if unknown:
+        p.error(f"unknown group(s) in --only: {', '.join(unknown)}")
+    try:
+        procs = tuple(int(x) for x in str(ns.procs).split(",") if x.strip())
+    except ValueError:
+        p.error(f"--procs must be comma-separated integers, got {ns.procs!r}")
+    counts = [ns.runs, ns.drain_jobs, ns.single_jobs, ns.bulk_jobs, ns.wake_samples, ns.kills]
+    if not procs or min(procs) < 1 or min(counts) < 1 or ns.cpu_jobs_per_proc < 1:
+        p.error("--runs, --procs and every job or sample count must be at least 1")
+    if not ns.cpu_ms > 0:
+        p.error("--cpu-ms must be > 0")
+    try:
+        extra = tuple(shlex.split(ns.supervisor_args))
+    except ValueError as exc:
+        p.error(f"--supervisor-args: {exc}")
+    return Options(
+        dsn=ns.dsn,
+        runs=ns.runs,
+        groups=groups,
+        peers=ns.peers,
+        drain_procs=procs,
+        drain_jobs=ns.drain_jobs,
+        single_jobs=ns.single_jobs,
+        bulk_jobs=ns.bulk_jobs,
+        wake_samples=ns.wake_samples,
+        kills=ns.kills,
+        cpu_ms=ns.cpu_ms,
+        cpu_jobs_per_proc=ns.cpu_jobs_per_proc,
+        start_gate=not ns.cold_start,
+        supervisor_args=extra,
+        output=ns.output,
+        markdown=ns.markdown,
+        argv=tuple(argv),
+    )

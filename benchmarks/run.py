@@ -1,0 +1,451 @@
+"""`python -m benchmarks`: every measure of SPEC §8 / issue 5, the median of --runs runs each.
+
+The harness makes its own scratch databases on the server (dropped at the end), prints one
+line per step to stderr, then a table to stdout, and writes everything to a JSON file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from types import FrameType
+from typing import NoReturn
+
+from benchmarks import drain, enqueue, peers, probes
+from benchmarks.apps import calibrate_spin
+from benchmarks.options import Options, parse_args
+from benchmarks.procs import ROOT
+from benchmarks.progress import Progress, Step
+from benchmarks.report import (
+    Json,
+    Measure,
+    Ratio,
+    Results,
+    Target,
+    fmt,
+    markdown,
+    table,
+    write_json,
+)
+from benchmarks.server import Scratch, Server, find_server
+
+RESULTS_DIR = ROOT / "benchmarks" / "results"
+
+
+class Bench:
+    """Builds the plan of steps from the arguments; each step fills `results`."""
+
+    def __init__(self, opts: Options, server: Server, scratch: Scratch) -> None:
+        self.opts = opts
+        self.server = server
+        self.scratch = scratch
+        self.results = Results()
+        self.cores = len(os.sched_getaffinity(0))
+        self.cpu_procs = list(range(1, self.cores + 1))
+        self.dsn = ""
+        self.peer_dsn: dict[peers.Peer, str] = {}
+        self.peer_info: dict[str, Json] = {}
+        self.spin_loops = 0
+        self.order: list[str | Ratio] = []
+        self.active_peers: list[peers.Peer] = []
+
+    # ---- plan ----
+
+    def plan(self) -> list[Step]:
+        o = self.opts
+        steps = [Step("set up scratch databases", self.setup, ())]
+        runs = range(1, o.runs + 1)
+        self.active_peers = active_peers = self.usable_peers()
+        if "enqueue" in o.groups:
+            for r in runs:
+                steps += self.enqueue_steps(r, active_peers)
+        if "drain" in o.groups:
+            for r in runs:
+                steps += self.drain_steps(r, active_peers)
+        if "cpu" in o.groups:
+            steps.append(Step("calibrate the CPU-bound job", self.calibrate, ()))
+            for r in runs:
+                for procs in self.cpu_procs:
+                    steps += [self.cpu_step(r, procs), self.cpu_bare_step(r, procs)]
+        if "wake" in o.groups:
+            for r in runs:
+                steps.append(self.wake_step(r))
+        if "kill" in o.groups:
+            for r in runs:
+                steps.append(self.kill_step(r))
+        self.layout()
+        return steps
+
+    def usable_peers(self) -> list[peers.Peer]:
+        if not self.opts.peers or not {"enqueue", "drain"} & set(self.opts.groups):
+            return []
+        usable: list[peers.Peer] = []
+        for peer in peers.PEERS:
+            reason = peers.unavailable(peer)
+            self.peer_info[peer] = {
+                "version": None if reason else peers.version(peer),
+                "config": peers.config(peer),
+                "unavailable": reason,
+            }
+            if reason is None:
+                usable.append(peer)
+            else:
+                for key, label in self.peer_labels(peer).items():
+                    self.results.measure(key, label, "jobs/s").errors.append(reason)
+        return usable
+
+    def peer_labels(self, peer: peers.Peer) -> dict[str, str]:
+        return {
+            f"peer.{peer}.bulk": f"bulk enqueue, {peer} (1,000 per call)",
+            f"peer.{peer}.drain": f"drain no-op jobs, {peer} ({peers.describe_workers(peer)})",
+        }
+
+    def layout(self) -> None:
+        """The table's rows: measures in order, each ratio under what it compares. Peers that
+        could not run are shown too, with the reason."""
+        shown = [p for p in peers.PEERS if p in self.peer_info]
+        drains = [f"drain.procs_{p}" for p in self.opts.drain_procs]
+        self.order = [
+            "enqueue.single",
+            "enqueue.single_bare",
+            Ratio(
+                "ours / bare INSERT loop",
+                ("enqueue.single",),
+                "enqueue.single_bare",
+                Target(">=", 0.9),
+            ),
+            "enqueue.bulk",
+            "enqueue.bulk_bare",
+        ]
+        for p in shown:
+            self.order.append(f"peer.{p}.bulk")
+        for p in shown:
+            target = Target(">=", 2.0) if p == "pgqueuer" else None
+            self.order.append(Ratio(f"ours / {p}", ("enqueue.bulk",), f"peer.{p}.bulk", target))
+        self.order += drains
+        for p in shown:
+            self.order.append(f"peer.{p}.drain")
+        for p in shown:
+            target = Target(">=", 1.5) if p == "pgqueuer" else None
+            self.order.append(Ratio(f"ours / {p}", tuple(drains), f"peer.{p}.drain", target))
+        self.order += [f"cpu.procs_{p}" for p in self.cpu_procs]
+        if len(self.cpu_procs) >= 2:
+            self.order.append(
+                Ratio("2 procs / 1 proc", ("cpu.procs_2",), "cpu.procs_1", Target(">=", 1.8))
+            )
+        self.order += [f"cpu.bare_procs_{p}" for p in self.cpu_procs]
+        if len(self.cpu_procs) >= 2:
+            # the machine's own scaling: when it is low too, the cores were not free
+            self.order.append(Ratio("2 / 1, no queue", ("cpu.bare_procs_2",), "cpu.bare_procs_1"))
+        self.order += ["wake.p50", "wake.p99", "kill.rerun", "rss.idle"]
+        self.results.ratios = [r for r in self.order if isinstance(r, Ratio)]
+
+    # ---- steps ----
+
+    def setup(self) -> str:
+        self.dsn = self.scratch.create("pgq", migrate=True)
+        for peer in self.active_peers:
+            dsn = self.scratch.create(peer)
+            peers.install(peer, dsn)
+            self.peer_dsn[peer] = dsn
+        names = ["pgq", *self.peer_dsn]
+        return f"{', '.join(names)} on {self.server.origin} server"
+
+    def enqueue_steps(self, r: int, active_peers: Sequence[peers.Peer]) -> list[Step]:
+        o = self.opts
+        res = self.results
+        single = res.measure("enqueue.single", "enqueue, 1 job per transaction", "jobs/s")
+        bare = res.measure("enqueue.single_bare", "enqueue, bare INSERT per transaction", "jobs/s")
+        bulk = res.measure("enqueue.bulk", "bulk enqueue, enqueue_many (1,000 per call)", "jobs/s")
+        bulk_bare = res.measure(
+            "enqueue.bulk_bare",
+            "bulk enqueue, bare INSERT … unnest (1,000 per statement)",
+            "jobs/s",
+        )
+        tag = f"run {r}/{o.runs}"
+        steps = [
+            self.single_step(
+                f"{tag} enqueue: {o.single_jobs:,} jobs one per transaction, ours and a bare"
+                " INSERT in turns",
+                single,
+                bare,
+            ),
+            self.rate_step(
+                f"{tag} enqueue: bare INSERT … unnest, {o.bulk_jobs:,} jobs",
+                bulk_bare,
+                lambda: enqueue.bulk_bare(self.dsn, o.bulk_jobs),
+            ),
+            self.rate_step(
+                f"{tag} enqueue: pgq.enqueue_many, {o.bulk_jobs:,} jobs",
+                bulk,
+                lambda: enqueue.bulk(self.dsn, o.bulk_jobs),
+            ),
+        ]
+        for peer in active_peers:
+            key = f"peer.{peer}.bulk"
+            m = res.measure(key, self.peer_labels(peer)[key], "jobs/s")
+            steps.append(
+                self.rate_step(
+                    f"{tag} enqueue: {peer} bulk, {o.bulk_jobs:,} jobs",
+                    m,
+                    self.peer_bulk(peer),
+                )
+            )
+        return steps
+
+    def single_step(self, label: str, ours: Measure, bare: Measure) -> Step:
+        def action() -> str:
+            mine, floor = enqueue.single_pair(self.dsn, self.opts.single_jobs)
+            ours.add(mine)
+            bare.add(floor)
+            return f"ours {fmt(mine, 'jobs/s')} jobs/s, bare {fmt(floor, 'jobs/s')} jobs/s"
+
+        return Step(label, action, (ours, bare))
+
+    def rate_step(self, label: str, m: Measure, measure: Callable[[], float]) -> Step:
+        def action() -> str:
+            value = measure()
+            m.add(value)
+            return f"{fmt(value, 'jobs/s')} jobs/s"
+
+        return Step(label, action, (m,))
+
+    def drain_steps(self, r: int, active_peers: Sequence[peers.Peer]) -> list[Step]:
+        o = self.opts
+        tag = f"run {r}/{o.runs}"
+        steps = []
+        for procs in o.drain_procs:
+            m = self.results.measure(
+                f"drain.procs_{procs}",
+                f"drain no-op jobs, {procs} proc{'s' * (procs > 1)}",
+                "jobs/s",
+            )
+            steps.append(
+                self.drained_step(
+                    f"{tag} drain: {o.drain_jobs:,} no-op jobs, --procs {procs}",
+                    m,
+                    self.our_drain(procs),
+                )
+            )
+        for peer in active_peers:
+            key = f"peer.{peer}.drain"
+            m = self.results.measure(key, self.peer_labels(peer)[key], "jobs/s")
+            steps.append(
+                self.drained_step(
+                    f"{tag} drain: {o.drain_jobs:,} no-op jobs, {peer}",
+                    m,
+                    self.peer_drain(peer),
+                )
+            )
+        return steps
+
+    def our_drain(self, procs: int) -> Callable[[], drain.Drained]:
+        o = self.opts
+        return lambda: drain.run_drain(
+            self.dsn, procs, o.drain_jobs, gate=o.start_gate, supervisor_args=o.supervisor_args
+        )
+
+    def peer_drain(self, peer: peers.Peer) -> Callable[[], drain.Drained]:
+        return lambda: peers.drain(peer, self.peer_dsn[peer], self.opts.drain_jobs)
+
+    def peer_bulk(self, peer: peers.Peer) -> Callable[[], float]:
+        return lambda: peers.bulk_enqueue(peer, self.peer_dsn[peer], self.opts.bulk_jobs)
+
+    def drained_step(self, label: str, m: Measure, run: Callable[[], drain.Drained]) -> Step:
+        def action() -> str:
+            d = run()
+            m.add(d.rate, d.details())
+            text = f"{fmt(d.rate, 'jobs/s')} jobs/s ({d.seconds:.2f} s, {d.workers} workers"
+            if d.mean_handler_s is not None:
+                text += f", handler mean {d.mean_handler_s * 1000:.1f} ms"
+            return text + ")"
+
+        return Step(label, action, (m,))
+
+    def calibrate(self) -> str:
+        self.spin_loops = calibrate_spin(self.opts.cpu_ms / 1000)
+        return f"{self.spin_loops:,} loops ≈ {self.opts.cpu_ms:g} ms"
+
+    def cpu_step(self, r: int, procs: int) -> Step:
+        o = self.opts
+        m = self.results.measure(
+            f"cpu.procs_{procs}",
+            f"CPU-bound {o.cpu_ms:g} ms jobs, {procs} proc{'s' * (procs > 1)}",
+            "jobs/s",
+        )
+        n = o.cpu_jobs_per_proc * procs
+
+        def run() -> drain.Drained:
+            return drain.run_cpu(
+                self.dsn, procs, o.cpu_jobs_per_proc, self.spin_loops, o.supervisor_args
+            )
+
+        return self.drained_step(
+            f"run {r}/{o.runs} CPU-bound: {n} jobs of {o.cpu_ms:g} ms, --procs {procs}", m, run
+        )
+
+    def cpu_bare_step(self, r: int, procs: int) -> Step:
+        o = self.opts
+        m = self.results.measure(
+            f"cpu.bare_procs_{procs}",
+            f"CPU-bound {o.cpu_ms:g} ms loops, {procs} plain process{'es' * (procs > 1)}, no queue",
+            "jobs/s",
+        )
+
+        def run() -> drain.Drained:
+            return drain.run_cpu_bare(procs, o.cpu_jobs_per_proc, self.spin_loops)
+
+        return self.drained_step(
+            f"run {r}/{o.runs} CPU-bound without the queue: {procs} plain process"
+            f"{'es' * (procs > 1)}",
+            m,
+            run,
+        )
+
+    def wake_step(self, r: int) -> Step:
+        o = self.opts
+        res = self.results
+        p50 = res.measure(
+            "wake.p50", "wake latency p50, idle children (2 procs)", "ms", Target("<=", 5)
+        )
+        p99 = res.measure(
+            "wake.p99", "wake latency p99, idle children (2 procs)", "ms", Target("<=", 25)
+        )
+        rss = res.measure(
+            "rss.idle", "RSS of an idle child (largest of 2)", "MiB", Target("<=", 40)
+        )
+
+        def action() -> str:
+            w = probes.run_wake(self.dsn, o.wake_samples, 2, o.supervisor_args)
+            p50.add(w.p50, w.details())
+            p99.add(w.p99)
+            rss.add(w.rss_mib, w.rss_details())
+            return f"p50 {w.p50:.2f} ms, p99 {w.p99:.2f} ms; idle child RSS {w.rss_mib:.1f} MiB"
+
+        return Step(
+            f"run {r}/{o.runs} wake latency: {o.wake_samples} jobs, --procs 2",
+            action,
+            (p50, p99, rss),
+        )
+
+    def kill_step(self, r: int) -> Step:
+        o = self.opts
+        m = self.results.measure(
+            "kill.rerun", "SIGKILL of a child → its job running again", "ms", Target("<=", 1000)
+        )
+
+        def action() -> str:
+            samples, details = probes.run_kill(self.dsn, o.kills, 2, o.supervisor_args)
+            value = statistics.median(samples)
+            m.add(value, details)
+            return f"median {value:.0f} ms of {', '.join(f'{s:.0f}' for s in samples)} ms"
+
+        return Step(f"run {r}/{o.runs} SIGKILL → rerun: {o.kills} kills, --procs 2", action, (m,))
+
+
+def git_state() -> dict[str, Json]:
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(
+                ["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10, check=True
+            ).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    return {
+        "commit": git("rev-parse", "HEAD") or None,
+        "dirty": bool(git("status", "--porcelain")),
+        "source_sha256": source_digest(),
+    }
+
+
+def source_digest() -> str:
+    """A digest of the code under test (package and migrations), uncommitted edits included:
+    two results with the same digest measured the same queue."""
+    h = hashlib.sha256()
+    for path in sorted([*(ROOT / "pgq_supervisor").rglob("*"), *(ROOT / "schema").rglob("*")]):
+        if path.is_file() and path.suffix in (".py", ".sql"):
+            h.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def machine(load_at_start: tuple[float, float, float]) -> dict[str, Json]:
+    return {
+        "cpus": len(os.sched_getaffinity(0)),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "processor": platform.processor() or platform.machine(),
+        "loadavg_at_start": list(load_at_start),
+        "loadavg_at_end": list(os.getloadavg()),
+    }
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> NoReturn:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    opts = parse_args(sys.argv[1:] if argv is None else argv)
+    # SIGTERM cleans up like Ctrl-C: supervisors killed, scratch databases dropped
+    signal.signal(signal.SIGTERM, _interrupt)
+    for name in list(os.environ):  # a peer's own settings must not change what we measure
+        if name.startswith(("PGQUEUER_", "PROCRASTINATE_")):
+            del os.environ[name]
+    started = datetime.now(UTC)
+    load = os.getloadavg()
+    server = find_server(opts.dsn)
+    scratch = Scratch(server)
+    bench = Bench(opts, server, scratch)
+    interrupted = False
+    try:
+        steps = bench.plan()
+        print(
+            f"pgq_supervisor benchmarks: {len(steps)} steps on {server.origin} PostgreSQL,"
+            f" {bench.cores} cores",
+            file=sys.stderr,
+        )
+        if load[0] > 0.5 * bench.cores:
+            print(
+                f"warning: the machine is already busy (load average {load[0]:.2f} on"
+                f" {bench.cores} cores): figures will be low and noisy",
+                file=sys.stderr,
+            )
+        progress = Progress(len(steps))
+        for step in steps:
+            progress.run(step)
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        scratch.close()
+    text = table(bench.results, bench.order)
+    print(text)
+    if opts.markdown:
+        print()
+        print(markdown(bench.results, bench.order))
+    config = opts.to_json()
+    config["cpu_loops"] = bench.spin_loops
+    document: dict[str, Json] = {
+        "started_at": started.isoformat(),
+        "finished_at": datetime.now(UTC).isoformat(),
+        "interrupted": interrupted,
+        "command": shlex.join(["python", "-m", "benchmarks", *opts.argv]),
+        "machine": machine(load),
+        "server": dict(server.info()),
+        "git": git_state(),
+        "config": config,
+        "peers": bench.peer_info,
+        "results": bench.results.to_json(),
+        "table": text,
+    }
+    path = opts.output or RESULTS_DIR / f"{started.strftime('%Y%m%dT%H%M%SZ')}.json"
+    write_json(path, document)
+    print(f"\nresults written to {path}", file=sys.stderr)
+    return 130 if interrupted else 0
