@@ -8,10 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import TypedDict, Unpack, overload
+from typing import TYPE_CHECKING, TypedDict, Unpack, overload
 
 import psycopg
-from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from pgq_supervisor import db
 from pgq_supervisor import schema as migrations
@@ -27,6 +26,10 @@ from pgq_supervisor.jobs import (
     NewJob,
     TypeStats,
 )
+
+if TYPE_CHECKING:
+    # imported lazily: worker children import this package and never need the pool
+    from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 
 class EnqueueOptions(TypedDict, total=False):
@@ -229,11 +232,15 @@ class Producer:
         self._schema = _schema(schema)
 
     def _sync_pool(self) -> ConnectionPool[db.Conn]:
+        from psycopg_pool import ConnectionPool
+
         if not isinstance(self._pool, ConnectionPool):
             raise TypeError("this Producer wraps an AsyncConnectionPool: use enqueue_async")
         return self._pool
 
     def _async_pool(self) -> AsyncConnectionPool[db.AsyncConn]:
+        from psycopg_pool import AsyncConnectionPool
+
         if not isinstance(self._pool, AsyncConnectionPool):
             raise TypeError("this Producer wraps a ConnectionPool: use enqueue")
         return self._pool

@@ -2,6 +2,12 @@
 -- schema identifier (psycopg.sql); parameters are %(name)s placeholders.
 
 -- name: enqueue
+-- One job without a unique_key: a plain insert (ON CONFLICT costs a speculative insertion).
+INSERT INTO {schema}.job (id, type, payload, priority, start_at, max_retry_count, origin, timeout)
+VALUES (%(id)s, %(type)s, %(payload)s, %(priority)s, coalesce(%(start_at)s, now()),
+        %(max_retry_count)s, %(origin)s, %(timeout)s)
+
+-- name: enqueue_unique
 -- One job. A unique_key already held by an unfinished job makes this insert nothing.
 INSERT INTO {schema}.job (id, type, payload, priority, start_at, max_retry_count, unique_key,
                           origin, timeout)
@@ -258,3 +264,9 @@ ORDER BY type, state
 -- name: durable_commit
 -- This transaction commits synchronously whatever the session says.
 SET LOCAL synchronous_commit = on
+
+-- name: enqueue_copy
+-- The bulk fast path (no unique_key, no start_at in the batch): COPY skips the per-row
+-- executor work of INSERT ... SELECT unnest. Triggers still fire once per statement.
+COPY {schema}.job (id, bundle_id, type, payload, priority, max_retry_count, origin, timeout)
+FROM STDIN
