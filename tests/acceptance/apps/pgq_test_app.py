@@ -59,6 +59,12 @@ def sleep_first(payload: dict[str, float], job: pgq.Job, conn: Conn) -> None:
     _effect(conn, job)
 
 
+@registry.handler("bundle_done", max_retry_count=20, retry=NO_BACKOFF)
+def bundle_done(payload: dict[str, str], job: pgq.Job, conn: Conn) -> None:
+    """A bundle's completion job: records which bundle it completed."""
+    _effect(conn, job, payload["bundle_id"])
+
+
 @registry.handler("spin", timeout=1.0, max_retry_count=2, retry=NO_BACKOFF)
 def spin(payload: dict[str, int]) -> None:
     """CPU-bound forever: a pure-Python loop that never returns to a checkpoint."""
