@@ -63,12 +63,6 @@ SET state = 'running', started_at = now(), worker_alive_at = now(), worker_id = 
 -- this statement sees in another state must never be turned into a running one.
 WHERE j.id = ANY((SELECT {schema}.claim_pick(%(types)s::text[], %(limit)s::int))::uuid[])
   AND j.state = 'pending'
-  -- claim_pick reads a newer snapshot than this statement's: a job reset (terminal -> pending)
-  -- in between is picked, yet this update reaches it through its older, terminal version.
-  -- Without this recheck that version was overwritten to 'running' (succeeded jobs rerun or
-  -- CHECK violations under load; tests/property/test_concurrency_stress.py); with it the row
-  -- is skipped and stays pending for the next claim.
-  AND j.state = 'pending'
 RETURNING j.id, j.type, j.payload, j.priority, j.current_retry_count + 1 AS attempt,
           j.max_retry_count, j.timeout, j.bundle_id, j.lease
 

@@ -10,7 +10,9 @@ completion job must exist exactly once per transition to complete, as counted in
 an audit trigger and by the `pgq_bundle_stopped` notifications.
 
 The run is bounded by an iteration count (the `ci` and `deep` hypothesis profiles scale it);
-a thread's choices are reproducible from PGQ_STRESS_SEED, the interleaving is not.
+a thread's choices are reproducible from PGQ_STRESS_SEED, the interleaving is not. An
+operation PostgreSQL aborts to break a deadlock is retried and counted in the summary line
+the test prints, so deadlocks are visible rather than hidden.
 """
 
 from __future__ import annotations
@@ -120,7 +122,9 @@ class Actor:
                 self._attempt(self.flush)
 
     def _attempt(self, op: Callable[[], None]) -> None:
-        """Run `op`, again if PostgreSQL broke a deadlock by aborting it (counted: report)."""
+        """Run `op`, again if PostgreSQL broke a deadlock by aborting it (counted). The known
+        cause: a flush locks bundle rows before its job rows (lock_bundles), while the bundle
+        trigger behind rescue, delete and reset locks the job row first."""
         name = op.__name__
         for _ in range(DEADLOCK_RETRIES):
             try:
