@@ -345,9 +345,17 @@ def heartbeat(conn: Conn, schema: str, ids: Sequence[JobId], lease: LeaseToken) 
     return {JobId(r[0]) for r in rows}
 
 
-def lock_bundles(conn: Conn, schema: str, bundle_ids: Sequence[BundleId]) -> None:
+def lock_bundles(
+    conn: Conn,
+    schema: str,
+    bundle_ids: Sequence[BundleId],
+    job_ids: Sequence[JobId] = (),
+    lease: LeaseToken | None = None,
+) -> None:
+    """Lock the batch's job rows (those still under `lease`), then the bundles, in id order."""
+    params = {"ids": sorted(set(bundle_ids)), "job_ids": sorted(job_ids), "lease": lease}
     with wrapped():
-        conn.execute(_q("lock_bundles", schema), {"ids": sorted(set(bundle_ids))}).fetchall()
+        conn.execute(_q("lock_bundles", schema), params).fetchall()
 
 
 def succeed(

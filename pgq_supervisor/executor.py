@@ -133,7 +133,7 @@ class Executor:
             results = [(j.id, r) for j, r, _ in items]
             if bundles:
                 with self.conn.transaction():
-                    db.lock_bundles(self.conn, self.schema, bundles)
+                    db.lock_bundles(self.conn, self.schema, bundles, [r[0] for r in results], lease)
                     held = db.succeed(self.conn, self.schema, lease, results)
             else:
                 held = db.succeed(self.conn, self.schema, lease, results)

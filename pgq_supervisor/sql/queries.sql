@@ -74,9 +74,20 @@ WHERE id = ANY(%(ids)s::uuid[]) AND state = 'running' AND lease = %(lease)s
 RETURNING id
 
 -- name: lock_bundles
--- Bundle counters are updated by a row trigger; taking the bundle rows first, in id order,
--- keeps concurrent batch completions from deadlocking on them.
-SELECT id FROM {schema}.job_bundle WHERE id = ANY(%(ids)s::uuid[]) ORDER BY id FOR NO KEY UPDATE
+-- Bundle counters are updated by a row trigger, which locks a job row and then its bundle.
+-- A batch completion takes the same order for the whole batch: its job rows (still held under
+-- its lease), then their bundles, each in id order, so it cannot deadlock with another
+-- completion nor with a rescue, reset or delete.
+WITH jobs AS (
+    SELECT id FROM {schema}.job
+    WHERE id = ANY(%(job_ids)s::uuid[]) AND lease = %(lease)s
+    ORDER BY id
+    FOR NO KEY UPDATE
+)
+SELECT b.id FROM {schema}.job_bundle b
+WHERE b.id = ANY(%(ids)s::uuid[]) AND (SELECT count(*) FROM jobs) >= 0
+ORDER BY b.id
+FOR NO KEY UPDATE
 
 -- name: succeed
 -- Fenced batch completion. Returns the ids it completed; the rest had lost their lease.

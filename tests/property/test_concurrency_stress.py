@@ -122,9 +122,10 @@ class Actor:
                 self._attempt(self.flush)
 
     def _attempt(self, op: Callable[[], None]) -> None:
-        """Run `op`, again if PostgreSQL broke a deadlock by aborting it (counted). The known
-        cause: a flush locks bundle rows before its job rows (lock_bundles), while the bundle
-        trigger behind rescue, delete and reset locks the job row first."""
+        """Run `op`, again if PostgreSQL broke a deadlock by aborting it (counted, and printed:
+        a flush used to lock bundle rows before its job rows while the bundle trigger behind
+        rescue, delete and reset locks the job row first; a rescue spanning several bundles
+        can still take their locks in row order)."""
         name = op.__name__
         for _ in range(DEADLOCK_RETRIES):
             try:
@@ -167,7 +168,8 @@ class Actor:
             self.held[jobs[0].lease] = jobs
 
     def flush(self) -> None:
-        """Batch success, as the executor writes it: bundle rows first, in id order."""
+        """Batch success, as the executor writes it: its job rows, then their bundle rows,
+        each in id order (the order the bundle trigger takes)."""
         lease = self._pick_lease()
         if lease is None:
             return
@@ -175,7 +177,7 @@ class Actor:
         bundles = [j.bundle_id for j in jobs if j.bundle_id is not None]
         with self.conn.transaction():
             if bundles:
-                db.lock_bundles(self.conn, SCHEMA, bundles)
+                db.lock_bundles(self.conn, SCHEMA, bundles, [j.id for j in jobs], lease)
             done = db.succeed(
                 self.conn, SCHEMA, lease, [(j.id, db.dump_json({"by": self.n})) for j in jobs]
             )
