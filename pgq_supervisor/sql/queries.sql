@@ -59,10 +59,14 @@ SET state = 'running', started_at = now(), worker_alive_at = now(), worker_id = 
         (%(max_retry_counts)s::int[])[array_position(%(types)s::text[], j.type)])
 -- The sub-select makes it run once (an InitPlan): claim_pick is volatile, and called in the
 -- WHERE clause directly it would run for every row of the table.
--- The state is checked again here: claim_pick picks under its own, later snapshot, and a row
--- this statement sees in another state must never be turned into a running one.
+-- The state is checked again here: claim_pick picks under its own, later snapshot, and a job
+-- reset (terminal -> pending) in between would otherwise be reached through its older,
+-- terminal version and overwritten to running (found by the stress test). The check is
+-- spelled through the timestamps (the CHECKs make "never started, never stopped" mean
+-- pending) because `state = 'pending'` lets the planner walk the whole job_claim_idx instead
+-- of the primary key (PostgreSQL 18 did).
 WHERE j.id = ANY((SELECT {schema}.claim_pick(%(types)s::text[], %(limit)s::int))::uuid[])
-  AND j.state = 'pending'
+  AND j.started_at IS NULL AND j.stopped_at IS NULL
 RETURNING j.id, j.type, j.payload, j.priority, j.current_retry_count + 1 AS attempt,
           j.max_retry_count, j.timeout, j.bundle_id, j.lease
 
