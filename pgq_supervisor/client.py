@@ -10,8 +10,6 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, TypedDict, Unpack, overload
 
-import psycopg
-
 from pgq_supervisor import db
 from pgq_supervisor import schema as migrations
 from pgq_supervisor.errors import InvalidInput, InvalidTransition
@@ -260,9 +258,3 @@ class Producer:
     ) -> JobId:
         async with self._async_pool().connection() as conn, conn.transaction():
             return await enqueue_async(conn, type, payload, schema=self._schema, **options)
-
-
-def connect(dsn: str, *, autocommit: bool = False) -> db.Conn:
-    """A plain psycopg connection (handy in scripts and the CLI)."""
-    with db.wrapped():
-        return psycopg.connect(dsn, autocommit=autocommit)

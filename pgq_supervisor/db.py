@@ -456,12 +456,6 @@ def rescue(conn: Conn, schema: str, *, dead_after: float, limit: int = 1000) -> 
     return [_ended(r) for r in rows]
 
 
-def running_of_worker(conn: Conn, schema: str, worker_id: str) -> list[JobId]:
-    with wrapped():
-        rows = conn.execute(_q("running_of_worker", schema), {"worker_id": worker_id}).fetchall()
-    return [JobId(r[0]) for r in rows]
-
-
 def next_due(conn: Conn, schema: str, types: Sequence[str]) -> float | None:
     with wrapped():
         row = conn.execute(_q("next_due", schema), {"types": list(types)}).fetchone()

@@ -114,10 +114,10 @@ class Executor:
                 if not db.succeed(self.conn, self.schema, job.lease, [(job.id, result)]):
                     raise LeaseLost(f"job {job.id} lost its lease")
         except LeaseLost:
-            return self._lost(job, start)
+            return self._lost_logged(job, self.clock() - start)
         except Exception as exc:
             return self._fail(job, handler, exc, start)
-        return self._done(job, start)
+        return self._succeeded(job, self.clock() - start)
 
     def flush(self) -> list[Outcome]:
         """Write buffered successes, one statement per lease (bundles locked first, in order).
@@ -156,11 +156,7 @@ class Executor:
         outcomes = []
         for job, _, took in items:
             if job.id in held:
-                outcomes.append(Outcome(job, "succeeded", took))
-                log.info(
-                    "job succeeded id=%s type=%s attempt=%d duration=%.3fs worker=%s",
-                    job.id, job.type, job.attempt, took, self.worker_id,
-                )  # fmt: skip
+                outcomes.append(self._succeeded(job, took))
             else:
                 outcomes.append(self._lost_logged(job, took))
         return outcomes
@@ -171,8 +167,7 @@ class Executor:
         self._pending = []
         return jobs
 
-    def _done(self, job: Job, start: float) -> Outcome:
-        took = self.clock() - start
+    def _succeeded(self, job: Job, took: float) -> Outcome:
         log.info(
             "job succeeded id=%s type=%s attempt=%d duration=%.3fs worker=%s",
             job.id,
@@ -182,9 +177,6 @@ class Executor:
             self.worker_id,
         )
         return Outcome(job, "succeeded", took)
-
-    def _lost(self, job: Job, start: float) -> Outcome:
-        return self._lost_logged(job, self.clock() - start)
 
     def _lost_logged(self, job: Job, took: float) -> Outcome:
         log.warning(

@@ -159,9 +159,6 @@ FROM {schema}.end_attempt(
           FOR UPDATE SKIP LOCKED),
     NULL, NULL, %(error)s, NULL, 'rescued', true, 0)
 
--- name: running_of_worker
-SELECT id FROM {schema}.job WHERE state = 'running' AND worker_id = %(worker_id)s
-
 -- name: cancel
 WITH done AS (
     UPDATE {schema}.job SET state = 'cancelled', stopped_at = now(), updated_at = now()
