@@ -163,8 +163,6 @@ class Supervisor(Process):
                 "benchmarks.apps:registry",
                 "--procs",
                 str(procs),
-                "--log-level",
-                "warning",
                 "--schema",
                 "pgq",
                 "--dsn",

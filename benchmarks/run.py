@@ -38,6 +38,8 @@ from benchmarks.report import (
 from benchmarks.server import Scratch, Server, find_server
 
 RESULTS_DIR = ROOT / "benchmarks" / "results"
+# the one non-default setting the harness measures, beside the default, for comparison
+QUIET_LOG = ("--log-level", "warning")
 
 
 class Bench:
@@ -131,6 +133,17 @@ class Bench:
             target = Target(">=", 2.0) if p == "pgqueuer" else None
             self.order.append(Ratio(f"ours / {p}", ("enqueue.bulk",), f"peer.{p}.bulk", target))
         self.order += drains
+        if drains:
+            quiet = self.quiet_procs
+            self.order.append(f"drain.procs_{quiet}_quiet")
+            self.order.append(
+                Ratio(
+                    "default log / warning",
+                    (f"drain.procs_{quiet}",),
+                    f"drain.procs_{quiet}_quiet",
+                    Target(">=", 0.95),
+                )
+            )
         for p in shown:
             self.order.append(f"peer.{p}.drain")
         for p in shown:
@@ -235,6 +248,21 @@ class Bench:
                     self.our_drain(procs),
                 )
             )
+            if procs == self.quiet_procs:
+                # back to back with the default run above: what the default log level costs
+                quiet = self.results.measure(
+                    f"drain.procs_{procs}_quiet",
+                    f"drain no-op jobs, {procs} procs, --log-level warning (not default)",
+                    "jobs/s",
+                )
+                steps.append(
+                    self.drained_step(
+                        f"{tag} drain: {o.drain_jobs:,} no-op jobs, --procs {procs}"
+                        " --log-level warning",
+                        quiet,
+                        self.our_drain(procs, QUIET_LOG),
+                    )
+                )
         for peer in active_peers:
             key = f"peer.{peer}.drain"
             m = self.results.measure(key, self.peer_labels(peer)[key], "jobs/s")
@@ -247,10 +275,17 @@ class Bench:
             )
         return steps
 
-    def our_drain(self, procs: int) -> Callable[[], drain.Drained]:
+    @property
+    def quiet_procs(self) -> int:
+        """The drain that is also run at --log-level warning: 2 procs, else the largest."""
+        procs = self.opts.drain_procs
+        return 2 if 2 in procs else max(procs)
+
+    def our_drain(self, procs: int, extra: Sequence[str] = ()) -> Callable[[], drain.Drained]:
         o = self.opts
+        args = (*o.supervisor_args, *extra)
         return lambda: drain.run_drain(
-            self.dsn, procs, o.drain_jobs, gate=o.start_gate, supervisor_args=o.supervisor_args
+            self.dsn, procs, o.drain_jobs, gate=o.start_gate, supervisor_args=args
         )
 
     def peer_drain(self, peer: peers.Peer) -> Callable[[], drain.Drained]:

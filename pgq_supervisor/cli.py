@@ -14,6 +14,8 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import NoReturn
 
+from setproctitle import getproctitle
+
 from pgq_supervisor import admin, db
 from pgq_supervisor import schema as migrations
 from pgq_supervisor.connect import open_db, resolve_dsn
@@ -44,6 +46,7 @@ RUN_FLAGS = {
     "--metrics-host": "metrics_host",
     "--retain-succeeded": "retain_succeeded",
     "--retain-failed": "retain_failed",
+    "--summary-interval": "summary_interval",
 }
 
 
@@ -95,6 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # Before anything can touch os.environ (the app's imports included): setproctitle needs
+    # the process's original argv/environ block, which a changed variable moves out of.
+    getproctitle()
     args_list = list(sys.argv[1:] if argv is None else argv)
     if not args_list or (args_list[0] not in COMMANDS and args_list[0] not in ("-h", "--help")):
         args_list.insert(0, "run")

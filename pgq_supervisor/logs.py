@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 import time
 
@@ -41,5 +40,5 @@ def setup_logging(level: str = "info", fmt: str = "text") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    os.environ["PGQ_LOG_LEVEL"] = level
-    os.environ["PGQ_LOG_FORMAT"] = fmt
+    # Never write os.environ here: setproctitle rewrites the process's original argv/environ
+    # block, and a changed variable moves out of that block and makes the title vanish.

@@ -60,6 +60,9 @@ class Settings(BaseSettings):
     retain_failed: float | None = Field(
         None, gt=0, description="seconds (or 7d, 12h, ...); unset keeps failed and cancelled jobs"
     )
+    summary_interval: float = Field(
+        10.0, gt=0, description="seconds between INFO summaries of the jobs that ended"
+    )
     log_format: Literal["text", "json"] = "text"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     # "schema" would shadow BaseModel.schema; the flag and env names stay --schema / PGQ_SCHEMA

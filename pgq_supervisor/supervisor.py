@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from setproctitle import setproctitle
 
 from pgq_supervisor import db
+from pgq_supervisor.activity import ActivitySummary
 from pgq_supervisor.child import Child, Spawner, describe_exit, spawn_process
 from pgq_supervisor.errors import DatabaseError, ExitCode
 from pgq_supervisor.ipc import BootFailed, Idle, JobSlot, Ready, Report, Retiring, Stop, Wake
@@ -92,6 +93,7 @@ class Supervisor:
         self.listener = Listener(dsn)
         self.rescuer = Rescuer(self.schema, settings.dead_after)
         self.pruner = Pruner.from_settings(settings)
+        self.activity = ActivitySummary(settings.summary_interval, clock())
         self.next_prune = 0.0
         self.conn: db.Conn | None = None
         self.sel = selectors.DefaultSelector()
@@ -118,6 +120,7 @@ class Supervisor:
             self._loop()
         finally:
             self._close()
+        self.activity.run_once(self.clock())
         if self.fatal is not None:
             log.error("%s", self.fatal.message)
             return int(self.fatal.code)
@@ -267,6 +270,7 @@ class Supervisor:
         for msg in child.recv_all():
             if isinstance(msg, Report):
                 self.metrics.record(msg.outcomes, msg.wake_latencies)
+                self.activity.record(msg.outcomes)
             elif isinstance(msg, Idle):
                 if self.missed_wakes > 0 and not child.stopping:
                     self.missed_wakes -= 1
@@ -418,6 +422,8 @@ class Supervisor:
             self._listen(now)
             self._spawn_missing(now)
         self._enforce_timeouts(now)
+        if self.activity.due(now):
+            self.activity.run_once(now)
         if self.next_due is not None and now >= self.next_due:
             self.next_due = None
             self._wake(1)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Final
 
-from setproctitle import setproctitle
+from setproctitle import getproctitle, setproctitle
 
 from pgq_supervisor import db
 from pgq_supervisor.errors import AppLoadError, DatabaseError
@@ -68,6 +68,7 @@ class ChildSpec:
 
 def child_main(spec: ChildSpec, pipe: Connection, slot: JobSlot) -> None:
     """Entry point of a spawned child. Exits 0 when told to stop, BOOT_FAILURE if it can't start."""
+    getproctitle()  # first: see cli.main
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     setup_logging(spec.log_level, spec.log_format)
     setproctitle(f"pgq-worker[{spec.index}] booting")

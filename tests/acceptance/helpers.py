@@ -50,8 +50,10 @@ class Supervisor:
         full_env["PYTHONPATH"] = os.pathsep.join(
             [str(ROOT / "tests" / "acceptance" / "apps"), full_env.get("PYTHONPATH", "")]
         )
-        full_env.update(env or {})
         full_env.pop("PGQ_DSN", None)
+        # the test's own variables first, as a pod's env puts its settings before the rest
+        given = env or {}
+        full_env = {**given, **{k: v for k, v in full_env.items() if k not in given}}
         self.cmd = [
             sys.executable,
             "-m",

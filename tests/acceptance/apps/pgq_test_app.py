@@ -76,3 +76,8 @@ def spin(payload: dict[str, int]) -> None:
 @registry.handler("poison", max_retry_count=2, retry=NO_BACKOFF)
 def poison(payload: dict[str, int]) -> None:
     os._exit(1)
+
+
+@registry.handler("fail", max_retry_count=1, retry=NO_BACKOFF)
+def fail(payload: dict[str, int]) -> None:
+    raise RuntimeError("boom")

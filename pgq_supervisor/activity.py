@@ -1,0 +1,56 @@
+"""The supervisor's periodic INFO summary of what its children did.
+
+Per-job start and success lines are DEBUG: at tens of thousands of jobs per second, two log
+lines per job cost about a third of the throughput. Retries stay WARNING and failures ERROR,
+each with id, type, attempt and error. What a person watching the default log wants in between
+is this: every `interval` seconds, one line per supervisor with the jobs ended since the last
+line, their rate, and counts per type and outcome. Nothing is logged while nothing happens.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ActivityResult:
+    ended: int
+    seconds: float
+    line: str | None  # what was logged, None when nothing ended
+
+
+class ActivitySummary:
+    def __init__(self, interval: float, now: float) -> None:
+        if interval <= 0:
+            raise ValueError("interval must be > 0")
+        self.interval = interval
+        self._since = now
+        self._counts: Counter[tuple[str, str]] = Counter()
+
+    def record(self, outcomes: Iterable[tuple[str, str, float]]) -> None:
+        """Outcomes as children report them: (type, kind, seconds)."""
+        for type_, kind, _ in outcomes:
+            self._counts[(type_, kind)] += 1
+
+    def due(self, now: float) -> bool:
+        return now - self._since >= self.interval
+
+    def run_once(self, now: float) -> ActivityResult:
+        """Log the summary of the period that ends now and start the next one."""
+        seconds = max(now - self._since, 1e-9)
+        counts, self._counts, self._since = self._counts, Counter(), now
+        ended = sum(counts.values())
+        if not ended:
+            return ActivityResult(0, seconds, None)
+        per_type: dict[str, list[str]] = {}
+        for (type_, kind), n in sorted(counts.items()):
+            per_type.setdefault(type_, []).append(f"{n} {kind}")
+        detail = "; ".join(f"{t}: {', '.join(parts)}" for t, parts in per_type.items())
+        line = f"{ended} jobs ended in {seconds:.0f} s ({ended / seconds:.0f}/s): {detail}"
+        log.info("%s", line)
+        return ActivityResult(ended, seconds, line)
