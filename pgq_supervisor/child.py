@@ -12,9 +12,10 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Protocol
 
+from pgq_supervisor.errors import ExitCode
 from pgq_supervisor.ipc import FromChild, JobSlot, SlotView, ToChild
 from pgq_supervisor.jobs import JobId
-from pgq_supervisor.worker import BOOT_FAILURE, ChildSpec, child_main
+from pgq_supervisor.worker import ChildSpec, child_main
 
 
 class Process(Protocol):
@@ -55,7 +56,7 @@ def describe_exit(exitcode: int | None) -> str:
             return signal.Signals(-exitcode).name
         except ValueError:
             return f"signal {-exitcode}"
-    if exitcode == BOOT_FAILURE:
+    if exitcode == ExitCode.CHILD_BOOT_FAILURE:
         return "boot failure"
     return f"exit code {exitcode}"
 

@@ -126,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PgqError as exc:
         return _fail(ExitCode.FAILURE, str(exc))
     except KeyboardInterrupt:
-        return 130
+        return ExitCode.INTERRUPTED
 
 
 def _fail(code: ExitCode, message: str) -> int:

@@ -24,6 +24,7 @@ from psycopg.rows import TupleRow
 from pgq_supervisor import sql as queries
 from pgq_supervisor.errors import DatabaseError, DatabaseUnavailable, InvalidInput, JobNotFound
 from pgq_supervisor.jobs import (
+    AttemptKind,
     Bundle,
     BundleId,
     EndedAttempt,
@@ -405,7 +406,7 @@ def end_attempt(
     ids: Sequence[JobId],
     *,
     error: str,
-    kind: str,
+    kind: AttemptKind,
     lease: LeaseToken | None = None,
     worker_id: str | None = None,
     error_data: JsonValue = None,
@@ -420,7 +421,7 @@ def end_attempt(
         # cannot hold one) would make the write fail and the attempt go unrecorded.
         "error": error.replace("\x00", "\\x00").strip() or "(no error message)",
         "error_data": None if error_data is None else dump_json(error_data, "error_data"),
-        "kind": kind,
+        "kind": kind.value,
         "allow_retry": allow_retry,
         "delay": max(0.0, delay),
     }

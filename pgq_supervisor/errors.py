@@ -6,10 +6,14 @@ import enum
 
 
 class ExitCode(enum.IntEnum):
+    """Every exit code a pgq_supervisor process uses, the CLI's and a child's."""
+
     OK = 0
     FAILURE = 1
     USAGE = 2
     APP_LOAD = 3
+    CHILD_BOOT_FAILURE = 78  # EX_CONFIG: a child never got as far as claiming
+    INTERRUPTED = 130  # 128 + SIGINT, as shells report an interrupted command
 
 
 class PgqError(Exception):

@@ -16,18 +16,23 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
 
 import pydantic
 
 from pgq_supervisor import db
 from pgq_supervisor.errors import InvalidInput, LeaseLost, PermanentError
-from pgq_supervisor.jobs import Job, JobId, JobState, JsonValue, LeaseToken
+from pgq_supervisor.jobs import (
+    AttemptKind,
+    Job,
+    JobId,
+    JobState,
+    JsonValue,
+    LeaseToken,
+    OutcomeKind,
+)
 from pgq_supervisor.registry import Handler, Registry
 
 log = logging.getLogger(__name__)
-
-OutcomeKind = Literal["succeeded", "retried", "failed", "lost"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,7 +183,7 @@ class Executor:
             took,
             self.worker_id,
         )
-        return Outcome(job, "succeeded", took)
+        return Outcome(job, OutcomeKind.SUCCEEDED, took)
 
     def _lost_logged(self, job: Job, took: float) -> Outcome:
         log.warning(
@@ -189,7 +194,7 @@ class Executor:
             job.attempt,
             self.worker_id,
         )
-        return Outcome(job, "lost", took, "lease lost")
+        return Outcome(job, OutcomeKind.LOST, took, "lease lost")
 
     def _fail(self, job: Job, handler: Handler | None, exc: Exception, start: float) -> Outcome:
         took = self.clock() - start
@@ -208,7 +213,7 @@ class Executor:
             lease=job.lease,
             error=message,
             error_data=_jsonable(data),
-            kind="permanent" if permanent else "error",
+            kind=AttemptKind.PERMANENT if permanent else AttemptKind.ERROR,
             allow_retry=not permanent,
             delay=delay,
         )
@@ -227,7 +232,8 @@ class Executor:
             message,
             f" retry_in={delay:.2f}s" if retried else "",
         )
-        return Outcome(job, "retried" if retried else "failed", took, message)
+        kind = OutcomeKind.RETRIED if retried else OutcomeKind.FAILED
+        return Outcome(job, kind, took, message)
 
 
 def _jsonable(data: dict[str, object]) -> JsonValue:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from multiprocessing.sharedctypes import RawArray
 from typing import TYPE_CHECKING
 
-from pgq_supervisor.jobs import JobId
+from pgq_supervisor.jobs import JobId, OutcomeKind
 
 if TYPE_CHECKING:
     from ctypes import Array
@@ -47,9 +47,9 @@ class Idle:
 
 @dataclass(frozen=True, slots=True)
 class Report:
-    """Outcomes since the last report: (type, kind, seconds). kind is an executor OutcomeKind."""
+    """Outcomes since the last report: (type, kind, seconds)."""
 
-    outcomes: tuple[tuple[str, str, float], ...]
+    outcomes: tuple[tuple[str, OutcomeKind, float], ...]
     wake_latencies: tuple[float, ...] = ()
 
 

@@ -36,6 +36,26 @@ class JobState(enum.StrEnum):
 TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
 
 
+class AttemptKind(enum.StrEnum):
+    """Why an attempt ended without success; stored as `kind` in the job's attempt history
+    (the values are what the SQL writes: a test holds them equal)."""
+
+    ERROR = "error"  # the handler raised; retried while attempts are left
+    PERMANENT = "permanent"  # PermanentError, invalid payload, no handler: never retried
+    TIMEOUT = "timeout"  # the supervisor killed the child for outrunning the timeout
+    WORKER_DEATH = "worker_death"  # the child died (signal, exit) while running the job
+    RESCUED = "rescued"  # the heartbeat went stale (a whole pod died, a child hung)
+
+
+class OutcomeKind(enum.StrEnum):
+    """How one attempt ended, as a child reports it and the metrics count it."""
+
+    SUCCEEDED = "succeeded"
+    RETRIED = "retried"
+    FAILED = "failed"
+    LOST = "lost"  # the lease was lost: another worker owns the job, nothing was written
+
+
 def check_type_name(type_: str) -> str:
     """Return `type_` if it is a valid job type name (1..100 chars, no whitespace), else raise."""
     if not isinstance(type_, str) or not _TYPE_RE.match(type_):

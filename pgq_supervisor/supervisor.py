@@ -35,7 +35,7 @@ from pgq_supervisor.activity import ActivitySummary
 from pgq_supervisor.child import Child, Spawner, describe_exit, spawn_process
 from pgq_supervisor.errors import DatabaseError, ExitCode
 from pgq_supervisor.ipc import BootFailed, Idle, JobSlot, Ready, Report, Retiring, Stop, Wake
-from pgq_supervisor.jobs import JobId
+from pgq_supervisor.jobs import AttemptKind, JobId
 from pgq_supervisor.listener import Listener
 from pgq_supervisor.metrics import Metrics
 from pgq_supervisor.registry import Registry
@@ -87,7 +87,7 @@ class Supervisor:
         self.missed_wakes = 0
         self.stopping = False
         self.shutdown_deadline: float | None = None
-        self.exit_code = 0
+        self.exit_code = ExitCode.OK
         self.fatal: Fatal | None = None
         self.signals: list[int] = []
         self.listener = Listener(dsn)
@@ -125,7 +125,7 @@ class Supervisor:
             log.error("%s", self.fatal.message)
             return int(self.fatal.code)
         log.info("supervisor stopped")
-        return self.exit_code
+        return int(self.exit_code)
 
     def _loop(self) -> None:
         now = self.clock()
@@ -217,7 +217,7 @@ class Supervisor:
 
     def _stop_now(self) -> None:
         log.warning("second SIGINT: stopping now; running jobs are released")
-        self.exit_code = 130  # 128 + SIGINT, as shells report an interrupted command
+        self.exit_code = ExitCode.INTERRUPTED
         for child in self.children.values():
             child.kill_reason = "shutdown"
             child.signal(signal.SIGKILL)
@@ -348,7 +348,7 @@ class Supervisor:
             if current is not None and child.kill_job not in (None, current.job_id):
                 current = None  # killed for the job before this one: not this job's fault
             if current is not None and child.kill_reason != "shutdown":
-                kind = "timeout" if child.kill_reason else "worker_death"
+                kind = AttemptKind.TIMEOUT if child.kill_reason else AttemptKind.WORKER_DEATH
                 error = child.kill_reason or f"worker died: {how}"
                 delay = self._death_backoff(conn, current.job_id, current.attempt)
                 ended = db.end_attempt(
@@ -361,7 +361,11 @@ class Supervisor:
                     delay=delay,
                 )
                 for e in ended:
-                    label = self.metrics.timeouts if kind == "timeout" else self.metrics.deaths
+                    label = (
+                        self.metrics.timeouts
+                        if kind is AttemptKind.TIMEOUT
+                        else self.metrics.deaths
+                    )
                     label.labels(e.job_type).inc()
                     log.warning(
                         "job %s id=%s type=%s attempt=%d worker=%s error=%s",

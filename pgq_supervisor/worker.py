@@ -30,17 +30,16 @@ from typing import Final
 from setproctitle import getproctitle, setproctitle
 
 from pgq_supervisor import db
-from pgq_supervisor.errors import AppLoadError, DatabaseError
+from pgq_supervisor.errors import AppLoadError, DatabaseError, ExitCode
 from pgq_supervisor.executor import Executor, Outcome
 from pgq_supervisor.heartbeat import Heartbeat
 from pgq_supervisor.ipc import BootFailed, Idle, JobSlot, Ready, Report, Retiring, Stop, Wake
-from pgq_supervisor.jobs import Job
+from pgq_supervisor.jobs import Job, OutcomeKind
 from pgq_supervisor.logs import setup_logging
 from pgq_supervisor.registry import Registry, load_registry
 
 log = logging.getLogger(__name__)
 
-BOOT_FAILURE: Final = 78  # EX_CONFIG: the child never got as far as claiming
 BATCH_BUDGET: Final = 0.05  # seconds of work one claim should take at most
 REPORT_EVERY: Final = 0.25
 CHECK_PIPE_EVERY: Final = 0.01
@@ -67,7 +66,7 @@ class ChildSpec:
 
 
 def child_main(spec: ChildSpec, pipe: Connection, slot: JobSlot) -> None:
-    """Entry point of a spawned child. Exits 0 when told to stop, BOOT_FAILURE if it can't start."""
+    """Entry point of a spawned child. Exits 0 when told to stop, or CHILD_BOOT_FAILURE."""
     getproctitle()  # first: see cli.main
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     setup_logging(spec.log_level, spec.log_format)
@@ -76,12 +75,12 @@ def child_main(spec: ChildSpec, pipe: Connection, slot: JobSlot) -> None:
         registry = load_registry(spec.app)
     except AppLoadError as exc:
         pipe.send(BootFailed(str(exc), app_error=True))
-        sys.exit(BOOT_FAILURE)
+        sys.exit(ExitCode.CHILD_BOOT_FAILURE)
     try:
         conn = connect_retrying(spec.dsn, spec.connect_timeout, spec.synchronous_commit)
     except DatabaseError as exc:
         pipe.send(BootFailed(str(exc), app_error=False))
-        sys.exit(BOOT_FAILURE)
+        sys.exit(ExitCode.CHILD_BOOT_FAILURE)
     _trim_heap()
     Worker(spec, registry, pipe, slot, conn).run()
     sys.exit(0)
@@ -141,7 +140,7 @@ class Worker:
         self.stopping = False
         self.jobs_done = 0
         self.per_job = BATCH_BUDGET  # running estimate of seconds per job; sizes the claim
-        self.outcomes: list[tuple[str, str, float]] = []
+        self.outcomes: list[tuple[str, OutcomeKind, float]] = []
         self.latencies: list[float] = []
         self.last_report = time.monotonic()
         self.last_pipe_check = 0.0

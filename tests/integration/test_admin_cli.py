@@ -16,7 +16,7 @@ from psycopg.conninfo import make_conninfo
 import pgq_supervisor as pgq
 from pgq_supervisor import db
 from pgq_supervisor.db import Conn
-from pgq_supervisor.jobs import JobId, JobState
+from pgq_supervisor.jobs import AttemptKind, JobId, JobState
 from tests.acceptance.helpers import ROOT, run_cli
 from tests.integration.support import claim_one, count_rows, get
 
@@ -59,7 +59,7 @@ def finished(conn: Conn, type_: str, state: JobState, error: str = "boom") -> Jo
     job = claim_one(conn, type_)
     assert job.id == job_id, "the claim took another job; give this one its own type"
     if state is JobState.FAILED:
-        db.end_attempt(conn, "pgq", [job.id], error=error, kind="error", lease=job.lease)
+        db.end_attempt(conn, "pgq", [job.id], error=error, kind=AttemptKind.ERROR, lease=job.lease)
     else:
         db.succeed(conn, "pgq", job.lease, [(job.id, None)])
     assert get(conn, job_id).state is state
@@ -248,7 +248,9 @@ def test_jobs_lists_failed_jobs_with_attempts_and_last_error(dsn: str, conn: Con
     third = pgq.enqueue(conn, "mail3", {}, max_retry_count=1)
     for attempt in (1, 2):
         job = claim_one(conn, "mail3", max_retry_count=1)
-        db.end_attempt(conn, "pgq", [job.id], error=f"try {attempt}", kind="error", lease=job.lease)
+        db.end_attempt(
+            conn, "pgq", [job.id], error=f"try {attempt}", kind=AttemptKind.ERROR, lease=job.lease
+        )
 
     table = ok(cli(dsn, "jobs", "--state", "failed")).splitlines()
     assert table[0].split() == ["ID", "TYPE", "ATTEMPTS", "UPDATED", "LAST", "ERROR"]

@@ -10,7 +10,7 @@ import pytest
 import pgq_supervisor as pgq
 from pgq_supervisor import db
 from pgq_supervisor.db import Conn
-from pgq_supervisor.jobs import BundleId, JobId
+from pgq_supervisor.jobs import AttemptKind, BundleId, JobId
 from tests.integration.support import (
     age_heartbeat,
     claim,
@@ -83,12 +83,14 @@ def test_each_terminal_transition_counts_once(conn: Conn, dsn: str) -> None:
         assert _counter(conn, bundle.id) == (4, 1)
 
         retry = claim_one(conn, "retry")
-        db.end_attempt(conn, S, [retry.id], error="again", kind="error", lease=retry.lease)
+        db.end_attempt(
+            conn, S, [retry.id], error="again", kind=AttemptKind.ERROR, lease=retry.lease
+        )
         assert get(conn, retry.id).state is pgq.JobState.PENDING
         assert _counter(conn, bundle.id) == (4, 1)  # a retry is not terminal
 
         fail = claim_one(conn, "fail", max_retry_count=0)
-        db.end_attempt(conn, S, [fail.id], error="no", kind="error", lease=fail.lease)
+        db.end_attempt(conn, S, [fail.id], error="no", kind=AttemptKind.ERROR, lease=fail.lease)
         assert _counter(conn, bundle.id) == (4, 2)
 
         (cancel,) = (r[0] for r in conn.execute("SELECT id FROM pgq.job WHERE type = 'cancel'"))

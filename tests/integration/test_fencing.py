@@ -9,7 +9,7 @@ import pgq_supervisor as pgq
 from pgq_supervisor import db
 from pgq_supervisor.db import Conn
 from pgq_supervisor.executor import Executor
-from pgq_supervisor.jobs import Job, LeaseToken
+from pgq_supervisor.jobs import AttemptKind, Job, LeaseToken
 from tests.integration.support import age_heartbeat, claim, claim_one, get, raw_row
 
 S = "pgq"
@@ -19,10 +19,19 @@ def _stale_writes(conn: Conn, job: Job, lease: LeaseToken) -> None:
     """Every write a worker can make about `job`, under `lease`: each must touch nothing."""
     assert db.heartbeat(conn, S, [job.id], lease) == set()
     assert db.succeed(conn, S, lease, [(job.id, '{"late": true}')]) == set()
-    assert db.end_attempt(conn, S, [job.id], error="late error", kind="error", lease=lease) == []
+    assert (
+        db.end_attempt(conn, S, [job.id], error="late error", kind=AttemptKind.ERROR, lease=lease)
+        == []
+    )
     assert (
         db.end_attempt(
-            conn, S, [job.id], error="late", kind="permanent", lease=lease, allow_retry=False
+            conn,
+            S,
+            [job.id],
+            error="late",
+            kind=AttemptKind.PERMANENT,
+            lease=lease,
+            allow_retry=False,
         )
         == []
     )

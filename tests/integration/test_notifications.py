@@ -5,6 +5,7 @@ from __future__ import annotations
 import pgq_supervisor as pgq
 from pgq_supervisor import db, testing
 from pgq_supervisor.db import Conn
+from pgq_supervisor.jobs import AttemptKind
 from tests.integration.support import age_heartbeat, claim, claim_one, listening
 
 S = "pgq"
@@ -49,7 +50,7 @@ def test_failure_cancel_and_rescue_notify_stopped(conn: Conn, dsn: str) -> None:
     with listening(dsn, STOPPED, AVAILABLE) as listener:
         job = claim_one(conn, "t")
         assert job.id == failing
-        db.end_attempt(conn, S, [job.id], error="x", kind="error", lease=job.lease)
+        db.end_attempt(conn, S, [job.id], error="x", kind=AttemptKind.ERROR, lease=job.lease)
         assert listener.collect()[STOPPED] == [str(failing)]
 
         pgq.cancel_job(conn, cancelled)

@@ -11,7 +11,7 @@ import pgq_supervisor as pgq
 from pgq_supervisor import db
 from pgq_supervisor import sql as queries
 from pgq_supervisor.db import Conn
-from pgq_supervisor.jobs import JobId, JobState
+from pgq_supervisor.jobs import AttemptKind, JobId, JobState
 from pgq_supervisor.retention import Pruner, PruneResult
 from pgq_supervisor.settings import load_settings
 from tests.integration.support import claim, count_rows
@@ -32,7 +32,7 @@ def finish(conn: Conn, type_: str, n: int, state: JobState, age_days: float) -> 
         if state is JobState.SUCCEEDED:
             db.succeed(conn, "pgq", lease, [(j.id, None) for j in jobs])
         else:
-            db.end_attempt(conn, "pgq", ids, error="boom", kind="error", lease=lease)
+            db.end_attempt(conn, "pgq", ids, error="boom", kind=AttemptKind.ERROR, lease=lease)
     conn.execute(
         "UPDATE pgq.job SET stopped_at = now() - make_interval(days => %s) WHERE id = ANY(%s)",
         (age_days, ids),

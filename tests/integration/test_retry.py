@@ -10,7 +10,7 @@ import pydantic
 import pgq_supervisor as pgq
 from pgq_supervisor import db, testing
 from pgq_supervisor.db import Conn
-from pgq_supervisor.jobs import JsonValue
+from pgq_supervisor.jobs import AttemptKind, JsonValue
 from tests.integration.support import claim_one, count_rows, get, listening, make_due
 
 S = "pgq"
@@ -153,7 +153,7 @@ def test_invalid_payload_fails_at_once_naming_the_field(conn: Conn) -> None:
 def test_handler_error_with_empty_message_stores_a_placeholder(conn: Conn) -> None:
     pgq.enqueue(conn, "t")
     job = claim_one(conn, "t", max_retry_count=0)
-    ended = db.end_attempt(conn, S, [job.id], error="   ", kind="error", lease=job.lease)
+    ended = db.end_attempt(conn, S, [job.id], error="   ", kind=AttemptKind.ERROR, lease=job.lease)
     assert [(e.job_id, e.new_state) for e in ended] == [(job.id, pgq.JobState.FAILED)]
     rec = get(conn, job.id)
     assert rec.error_msg == "(no error message)"
@@ -166,7 +166,13 @@ def test_direct_end_attempt_retries_then_fails(conn: Conn) -> None:
         job = claim_one(conn, "t", max_retry_count=1)
         assert job.attempt == attempt
         ended = db.end_attempt(
-            conn, S, [job.id], error=f"e{attempt}", kind="error", lease=job.lease, delay=30
+            conn,
+            S,
+            [job.id],
+            error=f"e{attempt}",
+            kind=AttemptKind.ERROR,
+            lease=job.lease,
+            delay=30,
         )
         expected = pgq.JobState.PENDING if attempt == 1 else pgq.JobState.FAILED
         assert [(e.new_state, e.retry_count) for e in ended] == [(expected, 1)]
@@ -186,18 +192,32 @@ def test_retry_notifies_only_when_eligible_now_and_failure_notifies_stopped(
     channels = ("pgq_job_available", "pgq_job_stopped")
     with listening(dsn, *channels) as listener:
         now_retry = claim_one(conn, "t")
-        db.end_attempt(conn, S, [now_retry.id], error="x", kind="error", lease=now_retry.lease)
+        db.end_attempt(
+            conn, S, [now_retry.id], error="x", kind=AttemptKind.ERROR, lease=now_retry.lease
+        )
         assert listener.collect()["pgq_job_available"] == ["t"]
 
         later_retry = claim_one(conn, "t")
         db.end_attempt(
-            conn, S, [later_retry.id], error="x", kind="error", lease=later_retry.lease, delay=60
+            conn,
+            S,
+            [later_retry.id],
+            error="x",
+            kind=AttemptKind.ERROR,
+            lease=later_retry.lease,
+            delay=60,
         )
         assert listener.collect() == {c: [] for c in channels}
 
         doomed = claim_one(conn, "t")
         db.end_attempt(
-            conn, S, [doomed.id], error="x", kind="permanent", lease=doomed.lease, allow_retry=False
+            conn,
+            S,
+            [doomed.id],
+            error="x",
+            kind=AttemptKind.PERMANENT,
+            lease=doomed.lease,
+            allow_retry=False,
         )
         got = listener.collect()
         assert got["pgq_job_available"] == []

@@ -7,7 +7,7 @@ import pytest
 import pgq_supervisor as pgq
 from pgq_supervisor import db
 from pgq_supervisor.db import Conn
-from pgq_supervisor.jobs import JobId
+from pgq_supervisor.jobs import AttemptKind, JobId
 from tests.integration.support import claim_one, get, raw_row
 
 S = "pgq"
@@ -25,7 +25,7 @@ def _job_in_state(conn: Conn, state: pgq.JobState) -> JobId:
     if state is pgq.JobState.SUCCEEDED:
         db.succeed(conn, S, job.lease, [(job.id, '"ok"')])
     elif state is pgq.JobState.FAILED:
-        db.end_attempt(conn, S, [job.id], error="broken", kind="error", lease=job.lease)
+        db.end_attempt(conn, S, [job.id], error="broken", kind=AttemptKind.ERROR, lease=job.lease)
     assert get(conn, job_id).state is state
     return job_id
 

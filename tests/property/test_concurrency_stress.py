@@ -35,7 +35,7 @@ from psycopg import errors as pg_errors
 import pgq_supervisor as pgq
 from pgq_supervisor import db
 from pgq_supervisor.errors import DatabaseError
-from pgq_supervisor.jobs import Job, JobId, LeaseToken
+from pgq_supervisor.jobs import AttemptKind, Job, JobId, LeaseToken
 from tests.property.invariants import (
     SCHEMA,
     audited_completions,
@@ -195,7 +195,7 @@ class Actor:
             [job.id],
             lease=lease,
             error="stress failure",
-            kind="error" if allow_retry else "permanent",
+            kind=AttemptKind.ERROR if allow_retry else AttemptKind.PERMANENT,
             allow_retry=allow_retry,
         )
         self._fenced("end_attempt", 1, len(ended))
@@ -248,7 +248,7 @@ class Actor:
                 [in_hand.id],
                 worker_id=self.worker_id,
                 error="worker died: SIGKILL",
-                kind="worker_death",
+                kind=AttemptKind.WORKER_DEATH,
             )
         db.release(self.conn, SCHEMA, worker_id=self.worker_id)
         self.held.clear()

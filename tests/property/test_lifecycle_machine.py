@@ -32,7 +32,7 @@ from hypothesis.stateful import (
 
 import pgq_supervisor as pgq
 from pgq_supervisor import db
-from pgq_supervisor.jobs import BundleId, JobId, JobState, LeaseToken
+from pgq_supervisor.jobs import AttemptKind, BundleId, JobId, JobState, LeaseToken
 from tests.property.invariants import SCHEMA, TERMINAL, q, violations
 
 PENDING, RUNNING = JobState.PENDING, JobState.RUNNING
@@ -424,7 +424,7 @@ class LifecycleMachine(RuleBasedStateMachine):
                 [job.id],
                 lease=lease,
                 error="ValueError: boom" if allow_retry else "PermanentError: no",
-                kind="error" if allow_retry else "permanent",
+                kind=AttemptKind.ERROR if allow_retry else AttemptKind.PERMANENT,
                 allow_retry=allow_retry,
                 delay=LATER.total_seconds() if delayed else 0.0,
             )
@@ -450,7 +450,7 @@ class LifecycleMachine(RuleBasedStateMachine):
             ids,
             worker_id=worker_id,
             error="worker died: SIGKILL",
-            kind="worker_death",
+            kind=AttemptKind.WORKER_DEATH,
         )
         expected = []
         if in_hand is not None:
@@ -593,7 +593,7 @@ class LifecycleMachine(RuleBasedStateMachine):
                 lease=lease,
                 worker_id=worker_id,
                 error="late error",
-                kind="error",
+                kind=AttemptKind.ERROR,
                 allow_retry=write == "fail",
             )
             assert ended == []

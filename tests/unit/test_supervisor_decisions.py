@@ -17,11 +17,12 @@ from multiprocessing.connection import Connection
 import pytest
 
 from pgq_supervisor.child import Process, describe_exit
+from pgq_supervisor.errors import ExitCode
 from pgq_supervisor.ipc import BootFailed, Idle, JobSlot, Ready, Wake
 from pgq_supervisor.registry import Registry
 from pgq_supervisor.settings import load_settings
 from pgq_supervisor.supervisor import Supervisor
-from pgq_supervisor.worker import BOOT_FAILURE, ChildSpec
+from pgq_supervisor.worker import ChildSpec
 
 
 @dataclass
@@ -67,7 +68,7 @@ class FakeSpawner:
             theirs.send(Ready(proc.pid or 0))
         else:
             theirs.send(BootFailed("cannot connect", app_error=self.boot == "app_fail"))
-            proc.die(BOOT_FAILURE)
+            proc.die(ExitCode.CHILD_BOOT_FAILURE)
         return proc, ours
 
 
@@ -110,7 +111,7 @@ def restore_signals() -> Iterator[None]:
 def test_describe_exit() -> None:
     assert describe_exit(-9) == "SIGKILL"
     assert describe_exit(1) == "exit code 1"
-    assert describe_exit(BOOT_FAILURE) == "boot failure"
+    assert describe_exit(ExitCode.CHILD_BOOT_FAILURE) == "boot failure"
 
 
 def test_child_that_cannot_load_the_app_stops_the_supervisor_with_code_3(
