@@ -114,13 +114,12 @@ class Respawns:
     def due(self, index: int, now: float) -> bool:
         return self.at.get(index, 0.0) <= now
 
-    def after_exit(self, index: int, lived: float, clean: bool, now: float) -> float:
-        """Schedule the respawn of a child that exited after `lived` seconds; returns the delay."""
+    def after_exit(self, index: int, lived: float, clean: bool, now: float) -> None:
+        """Schedule the respawn of a child that exited after `lived` seconds."""
         n = 0 if clean or lived > STABLE_AFTER else self.crashes.get(index, 0) + 1
         self.crashes[index] = n
         delay = 0.0 if n <= 1 else min(RESPAWN_MAX, 0.1 * 2 ** (n - 1))
         self.at[index] = now + delay
-        return delay
 
 
 def describe_exit(exitcode: int | None) -> str:

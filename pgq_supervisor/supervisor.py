@@ -373,7 +373,7 @@ class Supervisor:
             if self.fatal is not None:
                 self._begin_shutdown("fatal")
         self._settle_jobs(child, how)
-        clean = child.proc.exitcode == 0 and child.leaving
+        clean = child.proc.exitcode == ExitCode.OK and child.leaving
         if not clean:
             log.warning("child %d (pid %s) died: %s", child.spec.index, child.pid, how)
         if not self.stopping and child.spec.index < self.target:
