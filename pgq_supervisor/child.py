@@ -1,10 +1,10 @@
-"""The supervisor's handle on one child process: spawn, messages, kill, exit decoding."""
+"""The supervisor's handle on one child process: spawn, lifecycle state, messages, signals,
+exit decoding."""
 
 from __future__ import annotations
 
-import contextlib
+import enum
 import multiprocessing
-import os
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -13,9 +13,14 @@ from multiprocessing.process import BaseProcess
 from typing import Protocol
 
 from pgq_supervisor.errors import ExitCode
-from pgq_supervisor.ipc import FromChild, JobSlot, SlotView, ToChild
+from pgq_supervisor.ipc import BootFailed, FromChild, JobSlot, SlotView, Stop, ToChild, Wake
 from pgq_supervisor.jobs import JobId
+from pgq_supervisor.settings import Settings
 from pgq_supervisor.worker import ChildSpec, child_main
+
+RESPAWN_MAX = 10.0  # the longest respawn delay of a crash loop
+STABLE_AFTER = 10.0  # a child that lived longer than this before dying ends a crash loop
+MAX_BOOT_FAILURES = 3  # children in a row that fail before their first claim: give up
 
 
 class Process(Protocol):
@@ -29,6 +34,8 @@ class Process(Protocol):
     def exitcode(self) -> int | None: ...
     def start(self) -> None: ...
     def join(self, timeout: float | None = None) -> None: ...
+    def terminate(self) -> None: ...  # SIGTERM; nothing if it has exited
+    def kill(self) -> None: ...  # SIGKILL; nothing if it has exited
 
 
 # Starts a child; returns it and the supervisor's end of its pipe. Unit tests pass a fake.
@@ -47,6 +54,74 @@ def spawn_process(spec: ChildSpec, slot: JobSlot) -> tuple[Process, Connection]:
     return proc, ours
 
 
+# The kill reason of a child killed for shutdown: its job is released without using an attempt.
+SHUTDOWN = "shutdown"
+
+
+def child_spec(
+    settings: Settings, index: int, worker_id: str, dsn: str, types: tuple[str, ...]
+) -> ChildSpec:
+    s = settings
+    return ChildSpec(
+        index=index,
+        worker_id=worker_id,
+        app=s.app or "",
+        dsn=dsn,
+        schema=s.db_schema,
+        types=types,
+        heartbeat_interval=s.heartbeat_interval,
+        claim_batch=s.claim_batch,
+        max_jobs=s.max_jobs_per_child,
+        max_memory_mb=s.max_memory_per_child,
+        log_level=s.log_level,
+        log_format=s.log_format,
+        connect_timeout=s.connect_timeout,
+        synchronous_commit=s.worker_synchronous_commit,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Fatal:
+    code: ExitCode
+    message: str
+
+
+class Respawns:
+    """When each child index may be spawned again: a first crash respawns at once, a crash
+    loop backs off, doubling up to RESPAWN_MAX. Children that cannot boot stop the respawning:
+    at once if the app does not load, after MAX_BOOT_FAILURES in a row otherwise."""
+
+    def __init__(self) -> None:
+        self.at: dict[int, float] = {}
+        self.crashes: dict[int, int] = {}
+        self.boot_failures = 0
+
+    def child_ready(self) -> None:
+        self.boot_failures = 0
+
+    def boot_failed(self, failure: BootFailed) -> Fatal | None:
+        """Count a child that could not boot; a Fatal says the supervisor must give up."""
+        self.boot_failures += 1
+        if failure.app_error:
+            return Fatal(ExitCode.APP_LOAD, f"error: child could not load the app: {failure.error}")
+        if self.boot_failures >= MAX_BOOT_FAILURES:
+            return Fatal(
+                ExitCode.FAILURE,
+                f"error: {self.boot_failures} children failed to start in a row: {failure.error}",
+            )
+        return None
+
+    def due(self, index: int, now: float) -> bool:
+        return self.at.get(index, 0.0) <= now
+
+    def after_exit(self, index: int, lived: float, clean: bool, now: float) -> None:
+        """Schedule the respawn of a child that exited after `lived` seconds."""
+        n = 0 if clean or lived > STABLE_AFTER else self.crashes.get(index, 0) + 1
+        self.crashes[index] = n
+        delay = 0.0 if n <= 1 else min(RESPAWN_MAX, 0.1 * 2 ** (n - 1))
+        self.at[index] = now + delay
+
+
 def describe_exit(exitcode: int | None) -> str:
     """'SIGKILL', 'exit code 1', ...; exitcode as multiprocessing decodes it (negative = signal)."""
     if exitcode is None:
@@ -61,23 +136,38 @@ def describe_exit(exitcode: int | None) -> str:
     return f"exit code {exitcode}"
 
 
-@dataclass
+class ChildState(enum.Enum):
+    """Where a child is in its one lifecycle, as the supervisor sees it.
+
+    BOOTING ─Ready─▶ BUSY ─Idle─▶ IDLE ─Wake─▶ BUSY ...
+    any live state ─Stop sent / Retiring─▶ STOPPING (exits 0 after the job in hand)
+    any ─job outran its timeout: SIGTERM─▶ TERMINATING ─KILL_GRACE─▶ KILLED (SIGKILL)
+    any ─shutdown deadline or second SIGINT: SIGKILL─▶ KILLED
+    """
+
+    BOOTING = "booting"
+    BUSY = "busy"  # claiming or running: it claims again before it idles
+    IDLE = "idle"  # its last claim found nothing; it waits for a Wake
+    STOPPING = "stopping"
+    TERMINATING = "terminating"
+    KILLED = "killed"
+
+
+LEAVING = frozenset({ChildState.STOPPING, ChildState.TERMINATING, ChildState.KILLED})
+
+
+@dataclass(eq=False)
 class Child:
     spec: ChildSpec
     proc: Process
     pipe: Connection
     slot: JobSlot
     started_at: float
-    ready: bool = False
-    idle: bool = False
-    stopping: bool = False  # asked to stop (shutdown, SIGTTOU, retiring)
-    retiring: bool = False
+    state: ChildState = ChildState.BOOTING
+    boot_failure: BootFailed | None = None  # what the child said before exiting
     kill_reason: str | None = None  # e.g. "timeout after 5 s": recorded as the attempt's error
     kill_job: JobId | None = None  # the job the kill was meant for
-    term_sent_at: float | None = None
-    kill_sent: bool = False
-    boot_error: str | None = None
-    boot_app_error: bool = False
+    term_sent_at: float | None = None  # when TERMINATING began
 
     @property
     def pid(self) -> int | None:
@@ -86,6 +176,53 @@ class Child:
     @property
     def worker_id(self) -> str:
         return self.spec.worker_id
+
+    @property
+    def leaving(self) -> bool:
+        """Asked to stop, or being killed: never woken, never asked again."""
+        return self.state in LEAVING
+
+    # ---- what the child told us ----
+
+    def on_ready(self) -> None:
+        if self.state is ChildState.BOOTING:
+            self.state = ChildState.BUSY  # a fresh child claims at once
+
+    def on_idle(self) -> None:
+        if not self.leaving:
+            self.state = ChildState.IDLE
+
+    def on_retiring(self) -> None:
+        if not self.leaving:
+            self.state = ChildState.STOPPING
+
+    # ---- what we tell it ----
+
+    def wake(self, sent_at: float) -> bool:
+        """Wake an idle child. False if it is not idle or its pipe is gone."""
+        if self.state is not ChildState.IDLE or not self.send(Wake(sent_at)):
+            return False
+        self.state = ChildState.BUSY
+        return True
+
+    def stop(self) -> None:
+        """Finish the job in hand and exit 0 (a no-op for a child already leaving)."""
+        if not self.leaving:
+            self.state = ChildState.STOPPING
+            self.send(Stop())
+
+    def terminate(self, now: float, reason: str, job_id: JobId) -> None:
+        """SIGTERM for `job_id`, whose attempt records `reason`; SIGKILL follows if needed."""
+        self.kill_reason, self.kill_job, self.term_sent_at = reason, job_id, now
+        self.state = ChildState.TERMINATING
+        self.proc.terminate()
+
+    def kill(self, reason: str | None = None) -> None:
+        """SIGKILL. `reason` replaces the attempt's error (SHUTDOWN: the job is released)."""
+        if reason is not None:
+            self.kill_reason = reason
+        self.state = ChildState.KILLED
+        self.proc.kill()
 
     def send(self, msg: ToChild) -> bool:
         try:
@@ -106,7 +243,10 @@ class Child:
     def current_job(self) -> SlotView | None:
         return self.slot.read()
 
-    def signal(self, sig: signal.Signals) -> None:
-        if self.proc.pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.proc.pid, sig)
+    def overdue_job(self, now: float) -> SlotView | None:
+        """The job in hand if it outran its timeout by `now` (the supervisor's clock, which
+        must share the slot's time base: time.monotonic, or a test's fake clock)."""
+        job = self.slot.read()
+        if job is None or job.timeout is None or now - job.started <= job.timeout:
+            return None
+        return job

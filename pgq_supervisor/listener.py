@@ -7,10 +7,14 @@ whatever was sent while we were not listening is lost; a jittered poll backs the
 from __future__ import annotations
 
 import logging
+import random
+import time
+from collections.abc import Callable
 
 import psycopg
 
 from pgq_supervisor import db
+from pgq_supervisor.backoff import Backoff
 from pgq_supervisor.errors import DatabaseError
 
 log = logging.getLogger(__name__)
@@ -19,12 +23,16 @@ CHANNEL = "pgq_job_available"
 
 
 class Listener:
-    def __init__(self, dsn: str) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+    ) -> None:
         self._dsn = dsn
         self._conn: db.Conn | None = None
-        self._retry_at = 0.0
-        self._delay = 0.25
-        self.connected_since: float | None = None
+        self.backoff = Backoff(initial=0.25, maximum=5.0, clock=clock, rng=rng)
 
     @property
     def connected(self) -> bool:
@@ -33,22 +41,20 @@ class Listener:
     def fileno(self) -> int | None:
         return self._conn.fileno() if self.connected and self._conn is not None else None
 
-    def connect(self, now: float) -> bool:
+    def connect(self) -> bool:
         """Try to (re)connect and LISTEN unless backing off. True if it just (re)connected."""
-        if self.connected or now < self._retry_at:
+        if self.connected or not self.backoff.ready():
             return False
         try:
             conn = db.connect(self._dsn, application_name="pgq-supervisor-listen")
             with db.wrapped():
                 conn.execute(psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(CHANNEL)))
         except DatabaseError as exc:
-            self._retry_at = now + self._delay
-            log.warning("LISTEN connection failed, retrying in %.1f s: %s", self._delay, exc)
-            self._delay = min(self._delay * 2, 5.0)
+            delay = self.backoff.failed()
+            log.warning("LISTEN connection failed, retrying in %.1f s: %s", delay, exc)
             return False
         self._conn = conn
-        self._delay = 0.25
-        self.connected_since = now
+        self.backoff.succeeded()
         log.info("listening on %s", CHANNEL)
         return True
 
@@ -71,4 +77,3 @@ class Listener:
         if self._conn is not None:
             self._conn.close()
         self._conn = None
-        self.connected_since = None

@@ -10,11 +10,13 @@ import logging
 import socket
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import generate_latest
 
+from pgq_supervisor import db
 from pgq_supervisor.jobs import JobState, TypeStats
 
 log = logging.getLogger(__name__)
@@ -106,6 +108,27 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueMetricsResult:
+    rows: int  # (type, state) groups read
+
+
+class QueueMetrics:
+    """The queue gauges (ready, delayed, running, oldest ready age per type), refreshed from
+    the database. Every supervisor reports the same queue-wide values."""
+
+    def __init__(self, schema: str, metrics: Metrics) -> None:
+        self.schema = schema
+        self.metrics = metrics
+
+    def run_once(self, conn: db.Conn) -> QueueMetricsResult:
+        """One refresh on an autocommit connection. Raises DatabaseError; the gauges keep
+        their last values then."""
+        stats = db.queue_stats(conn, self.schema, active_only=True)
+        self.metrics.update_queue(stats)
+        return QueueMetricsResult(len(stats))
 
 
 class _IPv6Server(ThreadingHTTPServer):

@@ -17,15 +17,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class RescueResult:
-    ended: tuple[EndedAttempt, ...]
-
-    @property
-    def retried(self) -> int:
-        return sum(1 for e in self.ended if e.new_state is JobState.PENDING)
-
-    @property
-    def failed(self) -> int:
-        return sum(1 for e in self.ended if e.new_state is JobState.FAILED)
+    ended: tuple[EndedAttempt, ...]  # each rescued job: pending again, or failed if out of tries
 
 
 class Rescuer:
@@ -37,6 +29,7 @@ class Rescuer:
         self.limit = limit
 
     def run_once(self, conn: db.Conn) -> RescueResult:
+        """One round on an autocommit connection: at most `limit` jobs. Raises DatabaseError."""
         ended = db.rescue(conn, self.schema, dead_after=self.dead_after, limit=self.limit)
         for e in ended:
             log.warning(

@@ -43,7 +43,11 @@ class Settings(BaseSettings):
     heartbeat_interval: float = Field(5.0, gt=0)
     dead_after: float = Field(30.0, gt=0)
     poll_interval: float = Field(2.0, gt=0)
-    rescue_interval: float = Field(10.0, gt=0)
+    rescue_interval: float | None = Field(
+        None,
+        gt=0,
+        description="seconds between rescues of stale heartbeats; unset = min(10, dead_after/4)",
+    )
     shutdown_timeout: float = Field(30.0, ge=0)
     connect_timeout: float = Field(15.0, gt=0, description="start-up wait for the database")
     max_jobs_per_child: int | None = Field(None, ge=1)
@@ -69,6 +73,15 @@ class Settings(BaseSettings):
     db_schema: str = Field(
         "pgq", validation_alias=AliasChoices("schema", "PGQ_SCHEMA"), min_length=1, max_length=63
     )
+
+    @property
+    def rescue_every(self) -> float:
+        """Seconds between rescue rounds. Unset, it follows dead_after: a job whose worker
+        died is back within dead_after and a quarter more (plus jitter), and the default
+        dead_after of 30 s gives 7.5 s; 10 s at most, since one round is a cheap index scan."""
+        if self.rescue_interval is not None:
+            return self.rescue_interval
+        return min(10.0, self.dead_after / 4)
 
     @field_validator("types", mode="before")
     @classmethod

@@ -258,7 +258,7 @@ class Worker:
                     break
                 handler = self.registry.handlers.get(job.type)
                 timeout = job.timeout or (handler.timeout if handler else None)
-                self.slot.set(job.id, time.monotonic(), timeout, job.attempt)
+                self.slot.set(job.id, time.monotonic(), timeout, job.attempt, job.type)
                 if small:
                     setproctitle(f"pgq-worker[{self.spec.index}] {job.type} {job.id}")
                 outcome = self.executor.run(job)

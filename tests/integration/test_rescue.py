@@ -11,6 +11,7 @@ import pgq_supervisor as pgq
 from pgq_supervisor import db
 from pgq_supervisor.db import Conn
 from pgq_supervisor.jobs import JobId
+from pgq_supervisor.rescuer import Rescuer
 from tests.integration.support import age_heartbeat, claim, claim_one, get, in_threads, raw_row
 
 S = "pgq"
@@ -102,3 +103,22 @@ def test_a_worker_that_heartbeats_is_not_rescued(conn: Conn) -> None:
     assert db.heartbeat(conn, S, [job.id], job.lease) == {job.id}  # it was only slow
     assert db.rescue(conn, S, dead_after=30) == []
     assert get(conn, job_id).state is pgq.JobState.RUNNING
+
+
+def test_rescuer_run_once_rescues_stale_jobs_only_and_counts_them(conn: Conn) -> None:
+    retried, last_try, fresh = pgq.enqueue_many(
+        conn, [pgq.NewJob("t"), pgq.NewJob("t", max_retry_count=0), pgq.NewJob("t")]
+    )
+    for worker in ("dead-1", "dead-2", "alive"):
+        claim(conn, ["t"], worker_id=worker, max_retry_count=3 if worker != "dead-2" else 0)
+    age_heartbeat(conn, retried, 31)
+    age_heartbeat(conn, last_try, 31)
+    age_heartbeat(conn, fresh, 20)  # late, but not past dead_after
+
+    result = Rescuer(S, dead_after=30).run_once(conn)
+
+    assert sorted((e.job_id, e.new_state) for e in result.ended) == sorted(
+        [(retried, pgq.JobState.PENDING), (last_try, pgq.JobState.FAILED)]
+    )
+    assert get(conn, fresh).state is pgq.JobState.RUNNING
+    assert Rescuer(S, dead_after=30).run_once(conn).ended == ()

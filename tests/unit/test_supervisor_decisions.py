@@ -1,108 +1,43 @@
 """The supervisor's decisions with time and process spawning faked (no child interpreters).
 
-A fake child is a pair of real pipes: the test plays the child's end of the message pipe and
-closes the write end of the "sentinel" pipe to make the process look dead.
+Each test drives the real loop through `run_once` and the public handlers; fake children
+(tests/fake_children.py) answer over real pipes. No database: its address refuses at once.
 """
 
 from __future__ import annotations
 
-import multiprocessing
-import os
-import random
 import signal
+import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from multiprocessing.connection import Connection
 
 import pytest
 
-from pgq_supervisor.child import Process, describe_exit
+from pgq_supervisor.child import ChildState, describe_exit
 from pgq_supervisor.errors import ExitCode
-from pgq_supervisor.ipc import BootFailed, Idle, JobSlot, Ready, Wake
+from pgq_supervisor.ipc import Idle, Stop, Wake
+from pgq_supervisor.jobs import JobId
 from pgq_supervisor.registry import Registry
 from pgq_supervisor.settings import load_settings
-from pgq_supervisor.supervisor import Supervisor
-from pgq_supervisor.worker import ChildSpec
+from pgq_supervisor.supervisor import KILL_GRACE, Supervisor
+from tests.fake_children import NO_DATABASE, FakeClock, FakeSpawner, make_supervisor
+
+HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGTTIN, signal.SIGTTOU)
 
 
-@dataclass
-class FakeProcess:
-    index: int
-    exit_with: int | None = None
-    _r: int = 0
-    _w: int = 0
-    exitcode: int | None = None
-    pid: int | None = None
-
-    def __post_init__(self) -> None:
-        self._r, self._w = os.pipe()
-        self.pid = 100000 + self.index
-
-    @property
-    def sentinel(self) -> int:
-        return self._r
-
-    def start(self) -> None:
-        pass
-
-    def die(self, code: int) -> None:
-        self.exitcode = code
-        os.close(self._w)
-
-    def join(self, timeout: float | None = None) -> None:
-        pass
-
-
-@dataclass
-class FakeSpawner:
-    """Spawns fake children; `on_spawn` decides what each does at once."""
-
-    boot: str = "ok"  # ok | boot_fail | app_fail
-    spawned: list[tuple[FakeProcess, Connection]] = field(default_factory=list)
-
-    def __call__(self, spec: ChildSpec, slot: JobSlot) -> tuple[Process, Connection]:
-        ours, theirs = multiprocessing.Pipe(duplex=True)
-        proc = FakeProcess(spec.index)
-        self.spawned.append((proc, theirs))
-        if self.boot == "ok":
-            theirs.send(Ready(proc.pid or 0))
-        else:
-            theirs.send(BootFailed("cannot connect", app_error=self.boot == "app_fail"))
-            proc.die(ExitCode.CHILD_BOOT_FAILURE)
-        return proc, ours
-
-
-class FakeClock:
-    """Time that moves only as the code looks at it: `step` per reading."""
-
-    def __init__(self, step: float = 0.0) -> None:
-        self.now = 1000.0
-        self.step = step
-
-    def __call__(self) -> float:
-        self.now += self.step
-        return self.now
-
-
-def make(spawner: FakeSpawner, procs: int = 2, step: float = 0.0) -> Supervisor:
+def make(spawner: FakeSpawner, clock: FakeClock | None = None, procs: int = 2) -> Supervisor:
     registry = Registry()
 
     @registry.handler("t")
     def t(payload: dict[str, int]) -> None:
         return None
 
-    settings = load_settings(
-        procs=procs, app="x:registry", dsn="host=127.0.0.1 port=1 connect_timeout=1"
-    )
-    return Supervisor(
-        settings, registry, settings.dsn or "", spawner=spawner, clock=FakeClock(step),
-        rng=random.Random(1),
-    )  # fmt: skip
+    settings = load_settings(procs=procs, app="x:registry", dsn=NO_DATABASE)
+    return make_supervisor(settings, registry, spawner, clock or FakeClock())
 
 
 @pytest.fixture
 def restore_signals() -> Iterator[None]:
-    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    saved = {s: signal.getsignal(s) for s in HANDLED}
     yield
     for s, h in saved.items():
         signal.signal(s, h)
@@ -126,7 +61,7 @@ def test_child_that_cannot_load_the_app_stops_the_supervisor_with_code_3(
 
 def test_repeated_boot_failures_stop_the_supervisor(restore_signals: None) -> None:
     spawner = FakeSpawner(boot="boot_fail")
-    sup = make(spawner, procs=1, step=0.05)
+    sup = make(spawner, FakeClock(step=0.05), procs=1)
     assert sup.run() == 1
     assert 3 <= len(spawner.spawned) <= 4
     assert sup.fatal is not None and "failed to start in a row" in sup.fatal.message
@@ -135,43 +70,121 @@ def test_repeated_boot_failures_stop_the_supervisor(restore_signals: None) -> No
 def test_one_notification_wakes_one_idle_child_and_missed_ones_are_owed() -> None:
     spawner = FakeSpawner()
     sup = make(spawner, procs=3)
-    now = sup.clock()
-    sup._spawn_missing(now)
-    for child in sup.children.values():
-        sup._on_messages(child)  # Ready
-        child.idle = True
-    sup._wake(1)
-    woken = [theirs for _, theirs in spawner.spawned if theirs.poll(0)]
-    assert len(woken) == 1 and isinstance(woken[0].recv(), Wake)
-    sup._wake(5)  # two idle children left: three wake-ups are owed
-    assert sum(1 for _, theirs in spawner.spawned if theirs.poll(0)) == 2
+    sup.run_once(0)  # spawns three; the first poll owes a wake-up, as nobody is idle yet
+    assert sup.missed_wakes == 1
+    for child in spawner.live().values():
+        child.send(Idle())
+    sup.run_once(0)  # the first to report idle takes the owed wake-up at once
+    (owed,) = [c for c in spawner.live().values() if c.received()]
+    assert sup.missed_wakes == 0 and sup.children[owed.spec.index].state is ChildState.BUSY
+    owed.send(Idle())
+    sup.run_once(0)
+    assert all(c.state is ChildState.IDLE for c in sup.children.values())
+
+    sup.wake(1)
+    woken = {i: c.received() for i, c in spawner.live().items()}
+    assert [type(m) for msgs in woken.values() for m in msgs] == [Wake]
+    sup.wake(5)  # two idle children left: three wake-ups are owed
+    assert sum(len(c.received()) for c in spawner.live().values()) == 2
     assert sup.missed_wakes == 3
     # a child reporting idle while wake-ups are owed is woken again at once
-    _first_proc, first_end = spawner.spawned[0]
-    while first_end.poll(0):
-        first_end.recv()
-    first_end.send(Idle())
-    sup._on_messages(sup.children[0])
-    assert first_end.poll(1) and isinstance(first_end.recv(), Wake)
-    assert sup.missed_wakes == 2 and not sup.children[0].idle
+    first = spawner.live()[0]
+    first.send(Idle())
+    sup.run_once(0)
+    assert [type(m) for m in first.received()] == [Wake]
+    assert sup.missed_wakes == 2 and sup.children[0].state is ChildState.BUSY
+
+
+def respawn_delay(sup: Supervisor, spawner: FakeSpawner, clock: FakeClock, index: int) -> float:
+    """Kill the child at `index`; fake seconds until the supervisor spawns its successor."""
+    before = len(spawner.spawned)
+    spawner.live()[index].proc.die(-signal.SIGKILL)
+    died_at = clock.now
+    sup.run_once(0)
+    while len(spawner.spawned) == before:
+        assert clock.now - died_at < 30, "never respawned"
+        clock.now += 0.01
+        sup.run_once(0)
+    return round(clock.now - died_at, 2)
 
 
 def test_crash_loop_backs_off_but_first_crash_respawns_at_once() -> None:
-    sup = make(FakeSpawner(), procs=1)
-    clock = sup.clock
-    assert isinstance(clock, FakeClock)
-    sup._spawn_missing(clock())
-    delays = []
-    for _ in range(6):
-        child = sup.children.pop(0)
-        sup._schedule_respawn(child, clock(), clean=False)
-        delays.append(sup.respawn_at[0] - clock())
-        sup._spawn(0, clock())
+    spawner, clock = FakeSpawner(), FakeClock()
+    sup = make(spawner, clock, procs=1)
+    sup.run_once(0)
+    delays = [respawn_delay(sup, spawner, clock, 0) for _ in range(6)]
     assert delays[0] == 0.0
     assert delays == sorted(delays) and delays[-1] > delays[1] > 0
     assert max(delays) <= 10.0
     # a child that lived long before dying is not part of a crash loop
-    child = sup.children.pop(0)
     clock.now += 60
-    sup._schedule_respawn(child, clock(), clean=False)
-    assert sup.respawn_at[0] == clock()
+    assert respawn_delay(sup, spawner, clock, 0) == 0.0
+    sup.close()
+
+
+def test_a_job_past_its_timeout_gets_sigterm_then_sigkill_on_the_injected_clock() -> None:
+    spawner, clock = FakeSpawner(), FakeClock()
+    sup = make(spawner, clock, procs=1)
+    sup.run_once(0)
+    child = spawner.live()[0]
+    child.start_job(JobId(uuid.uuid4()), "t", started=clock.now, timeout=5.0)
+    clock.now += 4.9
+    sup.run_once(0)
+    assert child.proc.signals == []
+    clock.now += 0.2
+    sup.run_once(0)
+    assert child.proc.signals == [signal.SIGTERM]  # this fake ignores it, as a hung child may
+    assert sup.children[0].state is ChildState.TERMINATING
+    assert sup.children[0].kill_reason == "timeout after 5 s"
+    clock.now += KILL_GRACE - 0.1
+    sup.run_once(0)
+    assert child.proc.signals == [signal.SIGTERM]
+    clock.now += 0.2
+    sup.run_once(0)
+    assert child.proc.signals == [signal.SIGTERM, signal.SIGKILL]
+    sup.run_once(0)  # reaped; a first crash respawns at once
+    assert spawner.live()[0] is not child
+    sup.close()
+
+
+def test_signals_are_recorded_then_handled_by_the_loop(restore_signals: None) -> None:
+    spawner = FakeSpawner()
+    sup = make(spawner, procs=2)
+    sup.install_signals()
+    try:
+        sup.run_once(0)
+        signal.raise_signal(signal.SIGTTIN)
+        sup.run_once(0)
+        assert sup.target == 3 and sorted(spawner.live()) == [0, 1, 2]
+        signal.raise_signal(signal.SIGTTOU)
+        sup.run_once(0)
+        third = spawner.live()[2]
+        assert sup.target == 2 and third.received() == [Stop()]
+        assert sup.children[2].state is ChildState.STOPPING
+        third.proc.die(0)
+        sup.run_once(0)
+        assert sorted(sup.children) == [0, 1] and sorted(spawner.live()) == [0, 1]
+
+        signal.raise_signal(signal.SIGTERM)
+        sup.run_once(0)
+        assert sup.stopping and not sup.finished
+        for child in spawner.live().values():
+            assert child.received() == [Stop()]
+            child.proc.die(0)
+        sup.run_once(0)
+        assert sup.finished and sup.exit_code is ExitCode.OK
+    finally:
+        sup.close()
+
+
+def test_second_sigint_kills_the_children_and_exits_130() -> None:
+    spawner = FakeSpawner()
+    sup = make(spawner, procs=2)
+    sup.run_once(0)
+    sup.handle_sigint()
+    assert all(c.state is ChildState.STOPPING for c in sup.children.values())
+    sup.handle_sigint()
+    assert all(c.proc.signals == [signal.SIGKILL] for c in spawner.spawned)
+    sup.run_once(0)
+    assert sup.finished and sup.exit_code is ExitCode.INTERRUPTED
+    sup.close()

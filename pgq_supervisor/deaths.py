@@ -1,0 +1,91 @@
+"""What a dead child leaves behind, settled by the supervisor on its control connection.
+
+The job in hand (the child's shared slot names it, its attempt and its type) ends as a failed
+attempt: a timeout when the supervisor killed the child for that job, a worker death otherwise.
+Its retry delay comes from the handler of the slot's type, so learning it costs no query. The
+jobs the child had claimed but not started go back without consuming an attempt, and so does
+the job in hand of a child killed for shutdown: that was not the job's fault.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass
+
+from pgq_supervisor import db
+from pgq_supervisor.child import SHUTDOWN, Child
+from pgq_supervisor.ipc import SlotView
+from pgq_supervisor.jobs import AttemptKind, EndedAttempt, JobId, JobState
+from pgq_supervisor.metrics import Metrics
+from pgq_supervisor.registry import Registry
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Settled:
+    ended: tuple[EndedAttempt, ...]  # the job in hand, if its attempt counted
+    released: tuple[JobId, ...]  # back to pending, attempt not consumed
+
+
+@dataclass(frozen=True, slots=True)
+class Deaths:
+    schema: str
+    registry: Registry
+    metrics: Metrics
+    rng: random.Random
+
+    def settle(self, conn: db.Conn, child: Child, how: str) -> Settled:
+        """Settle the jobs of `child`, which exited (`how`: 'SIGKILL', 'exit code 1', ...).
+        Raises DatabaseError; whatever it could not settle the rescuer reclaims later."""
+        return settle(conn, self.schema, child, how, self.registry, self.metrics, self.rng)
+
+
+def settle(
+    conn: db.Conn,
+    schema: str,
+    child: Child,
+    how: str,
+    registry: Registry,
+    metrics: Metrics,
+    rng: random.Random,
+) -> Settled:
+    current = child.current_job()
+    if current is not None and child.kill_job not in (None, current.job_id):
+        current = None  # killed for the job before this one: not this job's fault
+    ended: list[EndedAttempt] = []
+    if current is not None and child.kill_reason != SHUTDOWN:
+        kind = AttemptKind.TIMEOUT if child.kill_reason else AttemptKind.WORKER_DEATH
+        error = child.kill_reason or f"worker died: {how}"
+        ended = db.end_attempt(
+            conn,
+            schema,
+            [current.job_id],
+            worker_id=child.worker_id,
+            error=error,
+            kind=kind,
+            delay=retry_delay(current, registry, rng),
+        )
+        counter = metrics.timeouts if kind is AttemptKind.TIMEOUT else metrics.deaths
+        for e in ended:
+            counter.labels(e.job_type).inc()
+            log.warning(
+                "job %s id=%s type=%s attempt=%d worker=%s error=%s",
+                "retry" if e.new_state is JobState.PENDING else "failed",
+                e.job_id,
+                e.job_type,
+                current.attempt,
+                child.worker_id,
+                error,
+            )
+    released = db.release(conn, schema, worker_id=child.worker_id)
+    if released:
+        log.info("released %d jobs of child %d", len(released), child.spec.index)
+    return Settled(tuple(ended), tuple(released))
+
+
+def retry_delay(job: SlotView, registry: Registry, rng: random.Random) -> float:
+    """The retry delay of the job a child died holding, by the handler of its type."""
+    handler = None if job.job_type is None else registry.handlers.get(job.job_type)
+    return 0.0 if handler is None else handler.backoff(job.attempt, rng)

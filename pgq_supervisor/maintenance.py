@@ -1,0 +1,217 @@
+"""The supervisor's periodic services, each a `run_once` on its own timer, and the connection
+they share.
+
+    timer          runs every                        does
+    poll           poll_interval ± 20 %              wake one idle child: the fallback behind NOTIFY
+    due-jobs       poll_interval ± 20 %              ask when the earliest delayed job comes due ─┐
+    due-wake       once, when that job comes due     wake one child (nothing notifies it)  ◀──────┘
+    rescue         rescue_interval ± 20 %            Rescuer: reclaim jobs with stale heartbeats
+    queue-metrics  poll_interval ± 20 %              QueueMetrics: the pgq_jobs_* gauges
+    prune          60 s; poll_interval while behind  Pruner: finished jobs past retention
+    activity       summary_interval                  ActivitySummary: the INFO line of ended jobs
+
+Time is the supervisor's injected clock. A run that fails with DatabaseError is logged and its
+timer tries again at its next time: no service keeps another from running. The database
+services share the control connection, which reconnects with backoff; while it is down they
+wait for its next attempt instead of each logging the same failure. Only `activity` runs
+during shutdown.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+from pgq_supervisor import db
+from pgq_supervisor.activity import ActivitySummary
+from pgq_supervisor.backoff import Backoff
+from pgq_supervisor.errors import DatabaseError, DatabaseUnavailable
+from pgq_supervisor.metrics import Metrics, QueueMetrics
+from pgq_supervisor.rescuer import Rescuer
+from pgq_supervisor.retention import PRUNE_EVERY, Pruner
+from pgq_supervisor.settings import Settings
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Clock = Callable[[], float]
+JITTER = 0.2  # ± fraction of an interval: supervisors started together drift apart
+
+
+class ControlDown(DatabaseUnavailable):
+    """The control connection is down and waits for its next attempt at `retry_at`."""
+
+    def __init__(self, message: str, retry_at: float) -> None:
+        super().__init__(message)
+        self.retry_at = retry_at
+
+
+class ControlConnection:
+    """The supervisor's own connection: it settles dead children's jobs and runs the database
+    services. Connects when first used, again after a failure, no sooner than its backoff."""
+
+    def __init__(self, dsn: str, *, clock: Clock, rng: random.Random) -> None:
+        self._dsn = dsn
+        self._conn: db.Conn | None = None
+        self.backoff = Backoff(initial=0.25, maximum=5.0, clock=clock, rng=rng)
+        self.ok = False  # the last use succeeded (readiness)
+
+    def run(self, use: Callable[[db.Conn], T]) -> T:
+        """`use(connection)`. Raises ControlDown while there is no connection, DatabaseError
+        if `use` fails; a failure closes the connection, and the next use opens a new one."""
+        conn = self._connection()
+        try:
+            result = use(conn)
+        except DatabaseError:
+            self.ok = False
+            self.close()
+            raise
+        self.ok = True
+        return result
+
+    def _connection(self) -> db.Conn:
+        if self._conn is not None and not self._conn.closed:
+            return self._conn
+        if not self.backoff.ready():
+            raise ControlDown("control connection down", self.backoff.retry_at)
+        try:
+            self._conn = db.connect(self._dsn, application_name="pgq-supervisor")
+        except DatabaseError as exc:
+            self.ok = False
+            delay = self.backoff.failed()
+            log.warning("control connection failed, retrying in %.1f s: %s", delay, exc)
+            raise ControlDown(str(exc), self.backoff.retry_at) from exc
+        self.backoff.succeeded()
+        return self._conn
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+        self._conn = None
+
+
+@dataclass
+class Timer:
+    """Runs `action(now)` at `next_at`, then every `interval` seconds ± `jitter` (a fraction);
+    an action may return a sooner time, in seconds. Without an interval it runs once each time
+    it is armed. `in_shutdown`: it keeps running while the supervisor drains."""
+
+    name: str
+    action: Callable[[float], float | None]
+    interval: float | None
+    jitter: float = JITTER
+    next_at: float = 0.0
+    in_shutdown: bool = False
+
+    def arm(self, at: float) -> None:
+        self.next_at = at
+
+
+class Timers:
+    def __init__(self, timers: Sequence[Timer], rng: random.Random) -> None:
+        self.by_name = {t.name: t for t in timers}
+        self.rng = rng
+
+    def next_at(self, *, stopping: bool) -> float:
+        """When the earliest timer that may run is due (inf if none)."""
+        times = [t.next_at for t in self.by_name.values() if t.in_shutdown or not stopping]
+        return min(times, default=float("inf"))
+
+    def run_due(self, now: float, *, stopping: bool = False) -> list[str]:
+        """Run every timer due at `now`, in order; returns the names of those that ran."""
+        ran = []
+        for timer in self.by_name.values():
+            if now < timer.next_at or (stopping and not timer.in_shutdown):
+                continue
+            ran.append(timer.name)
+            try:
+                sooner = timer.action(now)
+            except ControlDown as exc:
+                timer.next_at = exc.retry_at  # its connection logged why
+                continue
+            except DatabaseError as exc:
+                log.warning("%s failed: %s", timer.name, exc)
+                sooner = None
+            if timer.interval is None:
+                timer.next_at = float("inf")
+                continue
+            spread = self.rng.uniform(1 - timer.jitter, 1 + timer.jitter) if timer.jitter else 1.0
+            delay = timer.interval * spread
+            timer.next_at = now + (delay if sooner is None else min(delay, sooner))
+        return ran
+
+
+@dataclass
+class Services:
+    """What the timers run, apart from their timers; built from the settings or given by a
+    test. `pruner` is None when nothing is to be pruned."""
+
+    rescuer: Rescuer
+    queue_metrics: QueueMetrics
+    pruner: Pruner | None
+    activity: ActivitySummary
+
+    @classmethod
+    def from_settings(cls, settings: Settings, metrics: Metrics, now: float) -> Services:
+        return cls(
+            rescuer=Rescuer(settings.db_schema, settings.dead_after),
+            queue_metrics=QueueMetrics(settings.db_schema, metrics),
+            pruner=Pruner.from_settings(settings),
+            activity=ActivitySummary(settings.summary_interval, now),
+        )
+
+
+def maintenance_timers(
+    settings: Settings,
+    types: Sequence[str],
+    services: Services,
+    control: ControlConnection,
+    metrics: Metrics,
+    wake: Callable[[int], None],
+    *,
+    now: float,
+    rng: random.Random,
+) -> Timers:
+    """The supervisor's timers (see the module docstring). All but `activity` are due at once."""
+    poll = settings.poll_interval
+    due_wake = Timer("due-wake", lambda now: wake(1), None, next_at=float("inf"))
+
+    def due_jobs(now: float) -> None:
+        due = control.run(lambda conn: db.next_due(conn, settings.db_schema, types))
+        due_wake.arm(float("inf") if due is None else now + max(0.0, due))
+
+    def rescue(now: float) -> None:
+        rescued = control.run(services.rescuer.run_once)
+        metrics.rescued.inc(len(rescued.ended))
+
+    def queue_metrics(now: float) -> None:
+        control.run(services.queue_metrics.run_once)
+
+    def prune(pruner: Pruner) -> Callable[[float], float | None]:
+        def run(now: float) -> float | None:
+            pruned = control.run(pruner.run_once)
+            metrics.record_pruned(pruned.succeeded, pruned.failed)
+            return poll if pruned.more else None  # behind: again a poll later, as before
+
+        return run
+
+    def summarize(now: float) -> None:
+        services.activity.run_once(now)
+
+    summary = settings.summary_interval
+    timers = [
+        Timer("poll", lambda now: wake(1), poll),
+        Timer("due-jobs", due_jobs, poll),
+        due_wake,
+        Timer("rescue", rescue, settings.rescue_every),
+        Timer("queue-metrics", queue_metrics, poll),
+    ]
+    if services.pruner is not None:
+        timers.append(Timer("prune", prune(services.pruner), PRUNE_EVERY, jitter=0.0))
+    timers.append(
+        Timer("activity", summarize, summary, jitter=0.0, next_at=now + summary, in_shutdown=True)
+    )
+    return Timers(timers, rng)

@@ -1,0 +1,131 @@
+"""The supervisor's timers and the connections they depend on, on a fake clock."""
+
+from __future__ import annotations
+
+import logging
+import random
+
+import pytest
+
+from pgq_supervisor.errors import DatabaseError
+from pgq_supervisor.listener import Listener
+from pgq_supervisor.maintenance import ControlConnection, ControlDown, Timer, Timers
+from pgq_supervisor.settings import load_settings
+from tests.fake_children import NO_DATABASE, FakeClock
+
+
+def recorder(ran: list[tuple[str, float]], name: str, sooner: float | None = None) -> Timer:
+    def action(now: float) -> float | None:
+        ran.append((name, now))
+        return sooner
+
+    return Timer(name, action, 10.0)
+
+
+def test_a_timer_runs_at_once_then_every_interval_within_its_jitter() -> None:
+    ran: list[tuple[str, float]] = []
+    timers = Timers([recorder(ran, "a")], random.Random(3))
+    assert timers.run_due(0.0) == ["a"]
+    assert 8.0 <= timers.next_at(stopping=False) <= 12.0
+    assert timers.run_due(7.99) == []
+    assert timers.run_due(12.0) == ["a"]
+    assert [now for _, now in ran] == [0.0, 12.0]
+
+
+def test_jitter_spreads_timers_that_start_together() -> None:
+    nexts = set()
+    for seed in range(10):
+        timers = Timers([recorder([], "a")], random.Random(seed))
+        timers.run_due(0.0)
+        nexts.add(timers.next_at(stopping=False))
+    assert len(nexts) == 10
+
+
+def test_a_failing_timer_is_logged_and_the_others_still_run(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    ran: list[tuple[str, float]] = []
+
+    def broken(now: float) -> None:
+        raise DatabaseError("server closed the connection")
+
+    timers = Timers(
+        [recorder(ran, "before"), Timer("broken", broken, 10.0), recorder(ran, "after")],
+        random.Random(1),
+    )
+    with caplog.at_level(logging.WARNING):
+        assert timers.run_due(0.0) == ["before", "broken", "after"]
+    assert [name for name, _ in ran] == ["before", "after"]
+    assert [r.getMessage() for r in caplog.records] == [
+        "broken failed: server closed the connection"
+    ]
+    assert timers.by_name["broken"].next_at >= 8.0  # tried again at its next time
+
+
+def test_a_timer_without_its_connection_waits_for_the_next_attempt_quietly(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def needs_db(now: float) -> None:
+        raise ControlDown("control connection down", retry_at=now + 0.7)
+
+    timers = Timers([Timer("db", needs_db, 10.0)], random.Random(1))
+    with caplog.at_level(logging.WARNING):
+        timers.run_due(5.0)
+    assert timers.next_at(stopping=False) == 5.7
+    assert caplog.records == []
+
+
+def test_an_action_may_ask_to_run_sooner_and_a_one_shot_runs_once_per_arming() -> None:
+    ran: list[tuple[str, float]] = []
+    once = Timer("once", lambda now: ran.append(("once", now)), None, next_at=float("inf"))
+    timers = Timers([recorder(ran, "soon", sooner=0.5), once], random.Random(1))
+    timers.run_due(0.0)
+    assert timers.next_at(stopping=False) == 0.5
+    once.arm(0.25)
+    timers.run_due(0.25)
+    timers.run_due(0.3)
+    assert ran == [("soon", 0.0), ("once", 0.25)]
+
+
+def test_only_shutdown_timers_run_while_stopping() -> None:
+    ran: list[tuple[str, float]] = []
+    keeps = Timer("summary", lambda now: ran.append(("summary", now)), 10.0, in_shutdown=True)
+    timers = Timers([recorder(ran, "poll"), keeps], random.Random(1))
+    assert timers.run_due(0.0, stopping=True) == ["summary"]
+    assert timers.next_at(stopping=True) >= 8.0
+
+
+def test_rescue_interval_follows_dead_after_unless_set() -> None:
+    assert load_settings().rescue_every == 7.5  # dead_after 30 s
+    assert load_settings(heartbeat_interval=0.5, dead_after=2).rescue_every == 0.5
+    assert load_settings(dead_after=120).rescue_every == 10.0
+    assert load_settings(rescue_interval=3).rescue_every == 3.0
+
+
+def test_the_control_connection_backs_off_between_attempts(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = FakeClock()
+    control = ControlConnection(NO_DATABASE, clock=clock, rng=random.Random(1))
+    with caplog.at_level(logging.WARNING), pytest.raises(ControlDown) as first:
+        control.run(lambda conn: None)
+    assert control.backoff.failures == 1 and not control.ok
+    assert first.value.retry_at > clock.now
+    with pytest.raises(ControlDown):
+        control.run(lambda conn: None)  # backing off: no attempt made
+    assert control.backoff.failures == 1
+    assert len(caplog.records) == 1
+    clock.now = first.value.retry_at
+    with pytest.raises(ControlDown):
+        control.run(lambda conn: None)
+    assert control.backoff.failures == 2
+
+
+def test_the_listener_backs_off_between_attempts() -> None:
+    clock = FakeClock()
+    listener = Listener(NO_DATABASE, clock=clock, rng=random.Random(1))
+    assert listener.connect() is False and listener.backoff.failures == 1
+    assert listener.connect() is False and listener.backoff.failures == 1
+    clock.now = listener.backoff.retry_at
+    assert listener.connect() is False and listener.backoff.failures == 2
+    assert not listener.connected
