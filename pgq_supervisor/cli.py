@@ -37,6 +37,7 @@ RUN_FLAGS = {
     "--heartbeat-interval": "heartbeat_interval",
     "--dead-after": "dead_after",
     "--poll-interval": "poll_interval",
+    "--rescue-interval": "rescue_interval",
     "--shutdown-timeout": "shutdown_timeout",
     "--connect-timeout": "connect_timeout",
     "--max-jobs-per-child": "max_jobs_per_child",
