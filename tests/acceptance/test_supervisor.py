@@ -7,10 +7,11 @@ import re
 import signal
 import subprocess
 import time
-from uuid import UUID
+from uuid import UUID, uuid4
 
 import psycopg
 import pytest
+from psycopg.conninfo import make_conninfo
 
 import pgq_supervisor as pgq
 from tests.acceptance.apps.pgq_test_app import EFFECTS_DDL
@@ -205,6 +206,9 @@ def test_sigttin_sigttou_resize(dsn: str, db: Conn, sups: list[Supervisor]) -> N
     assert sup.stop() == 0
 
 
+MISSING_DB = "<a database that does not exist on the suite's server>"
+
+
 @pytest.mark.parametrize(
     ("args", "code", "message"),
     [
@@ -215,11 +219,15 @@ def test_sigttin_sigttou_resize(dsn: str, db: Conn, sups: list[Supervisor]) -> N
         (["--app", APP, "--dsn", "host=127.0.0.1 port=1", "--connect-timeout", "1"], 1,
          "server not reachable"),
         (["--app", APP, "--dsn", "not a dsn"], 2, "invalid setting dsn"),
-        (["--app", APP, "--dsn", "host=127.0.0.1 user=postgres dbname=no_such_db"], 1,
-         "database does not exist"),
+        (["--app", APP, "--dsn", MISSING_DB], 1, "database does not exist"),
     ],
 )  # fmt: skip
-def test_bad_configuration_one_line_and_exit_code(args: list[str], code: int, message: str) -> None:
+def test_bad_configuration_one_line_and_exit_code(
+    args: list[str], code: int, message: str, server_dsn: str
+) -> None:
+    # the suite's own server (local, PGQ_TEST_DSN or embedded), so the database is what is missing
+    missing = make_conninfo(server_dsn, dbname=f"pgq_missing_{uuid4().hex[:12]}")
+    args = [missing if a == MISSING_DB else a for a in args]
     result = run_cli(["run", *args], timeout=30)
     lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
     assert result.returncode == code, result.stderr
