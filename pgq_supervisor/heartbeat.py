@@ -66,6 +66,11 @@ class Heartbeat:
                 if not held:
                     del self._held[lease]
 
+    def holding(self) -> int:
+        """How many jobs are held (kept alive) now."""
+        with self._lock:
+            return sum(len(ids) for ids in self._held.values())
+
     def beat_once(self) -> int:
         """One round of fenced heartbeats; returns how many jobs are still held."""
         with self._lock:
