@@ -11,10 +11,10 @@ jobs took) → run it in order → settle (jobs not started go back) → report;
 finds nothing, send Idle and block on the pipe. The Executor runs a handler and says what
 happened; the Completer writes it, fenced by the lease: a failure at once, successes in the
 statement of the next claim (or a flush when a batch runs long), and keeps every held job in
-the heartbeat until its outcome lands. A database error backs off, reconnects if the
-connection is gone (waking for a Stop), then lets the Completer write or forget its buffer.
-Pipe EOF (the supervisor is gone) makes the child finish the job in hand and exit. SIGINT is
-ignored: the supervisor decides when children stop.
+the heartbeat until its outcome lands. A database error backs off with jitter, reconnects if
+the connection is gone (waking for a Stop), then lets the Completer write or forget its
+buffer. Pipe EOF (the supervisor is gone) makes the child finish the job in hand and exit.
+SIGINT is ignored: the supervisor decides when children stop.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from typing import Final
 from setproctitle import getproctitle, setproctitle
 
 from pgq_supervisor import db
+from pgq_supervisor.backoff import Backoff
 from pgq_supervisor.completion import Completer
 from pgq_supervisor.errors import AppLoadError, DatabaseError, ExitCode
 from pgq_supervisor.executor import Executor
@@ -100,18 +101,15 @@ def _trim_heap() -> None:
 
 
 def connect_retrying(dsn: str, timeout: float, synchronous_commit: bool) -> db.Conn:
-    deadline = time.monotonic() + timeout
-    delay = 0.1
-    while True:
-        try:
-            return db.connect(
-                dsn, application_name="pgq-worker", synchronous_commit=synchronous_commit
-            )
-        except DatabaseError:
-            if time.monotonic() + delay > deadline:
-                raise
-            time.sleep(delay)
-            delay = min(delay * 2, 2.0)
+    """Connect, retrying with a jittered backoff for up to `timeout` seconds."""
+    backoff = Backoff(initial=0.1, maximum=2.0)
+    return backoff.retry(
+        lambda: db.connect(
+            dsn, application_name="pgq-worker", synchronous_commit=synchronous_commit
+        ),
+        retry_on=DatabaseError,
+        deadline=backoff.clock() + timeout,
+    )
 
 
 def rss_mb() -> float:
@@ -122,7 +120,15 @@ def rss_mb() -> float:
 
 class Worker:
     def __init__(
-        self, spec: ChildSpec, registry: Registry, pipe: Connection, slot: JobSlot, conn: db.Conn
+        self,
+        spec: ChildSpec,
+        registry: Registry,
+        pipe: Connection,
+        slot: JobSlot,
+        conn: db.Conn,
+        *,
+        error_backoff: Backoff | None = None,
+        connect_backoff: Backoff | None = None,
     ) -> None:
         self.spec = spec
         self.registry = registry
@@ -140,7 +146,9 @@ class Worker:
         self.completer = Completer(
             spec.schema, spec.worker_id, heartbeat=self.heartbeat, flush_every=REPORT_EVERY
         )
-        self.error_backoff = 0.1
+        # Errors that repeat (a schema not migrated, say) must not spin; reset by a claim.
+        self.error_backoff = error_backoff or Backoff(initial=0.1, maximum=5.0)
+        self.connect_backoff = connect_backoff or Backoff(initial=0.2, maximum=5.0)
         self.stopping = False
         self.jobs_done = 0
         self.per_job = BATCH_BUDGET  # running estimate of seconds per job; sizes the claim
@@ -182,7 +190,7 @@ class Worker:
         except DatabaseError as exc:
             self._database_error(exc)
             return None
-        self.error_backoff = 0.1
+        self.error_backoff.succeeded()
         if jobs and self.woken_at is not None:
             self.latencies.append(time.monotonic() - self.woken_at)
         self.woken_at = None
@@ -281,23 +289,30 @@ class Worker:
         """Back off, reconnect if the connection is gone, then let the completer write its
         buffer on the connection we have, or forget it (those jobs will run again)."""
         log.warning("worker %s database error: %s", self.spec.worker_id, exc)
-        self._sleep_polling(self.error_backoff)
-        self.error_backoff = min(self.error_backoff * 2, 5.0)
+        self._sleep_polling(self.error_backoff.failed())
         if self.conn.closed or self.conn.broken:
             self._reconnect()
         self.completer.recover(self.conn)
 
     def _reconnect(self) -> None:
+        """Connect again, backing off with jitter, until connected or told to stop."""
         self.conn.close()
-        delay = 0.2
-        while not self.stopping:
-            try:
-                self.conn = self._connect("pgq-worker")
-                log.info("worker %s reconnected", self.spec.worker_id)
-                return
-            except DatabaseError:
-                self._sleep_polling(delay)
-                delay = min(delay * 2, 5.0)
+        if self.stopping:
+            return
+        try:
+            self.conn = self.connect_backoff.retry(
+                lambda: self._connect("pgq-worker"),
+                retry_on=DatabaseError,
+                give_up=lambda exc: self.stopping,
+                sleep=self._sleep_reconnecting,
+            )
+        except DatabaseError:
+            return  # told to stop: leave without a connection
+        log.info("worker %s reconnected", self.spec.worker_id)
+
+    def _sleep_reconnecting(self, seconds: float) -> None:
+        log.info("worker %s cannot connect, next try in %.2f s", self.spec.worker_id, seconds)
+        self._sleep_polling(seconds)
 
     # ---- the pipe ----
 
@@ -320,9 +335,11 @@ class Worker:
             self.stopping = True
 
     def _sleep_polling(self, seconds: float) -> None:
-        """Sleep, but wake for a Stop from the supervisor."""
+        """Sleep, but wake for a Stop from the supervisor (a Wake does not cut it short)."""
+        deadline = time.monotonic() + seconds
         try:
-            if self.pipe.poll(seconds):
-                self._poll_pipe(force=True)
+            while not self.stopping and (left := deadline - time.monotonic()) > 0:
+                if self.pipe.poll(left):
+                    self._poll_pipe(force=True)
         except (EOFError, OSError):
             self.stopping = True
