@@ -30,7 +30,7 @@ from typing import NamedTuple, assert_never
 
 from pgq_supervisor import db
 from pgq_supervisor.errors import DatabaseError, LeaseLost
-from pgq_supervisor.executor import Executor, FailureKind, Ran
+from pgq_supervisor.executor import Executor, Failure, FailureKind, Ran
 from pgq_supervisor.heartbeat import Heartbeat
 from pgq_supervisor.jobs import AttemptKind, Job, JobId, JobState, LeaseToken, OutcomeKind
 from pgq_supervisor.registry import ClaimPolicy
@@ -68,7 +68,8 @@ class Completer:
     """Writes the outcomes of one worker's jobs, each call on the connection it is given.
 
     `flush_every`: how long buffered successes may wait for a claim to ride on before
-    `flush_if_due()` writes them anyway.
+    `flush_if_due()` writes them anyway. Not thread-safe: one thread drives it (the worker's
+    main thread; handlers run elsewhere would report through it).
     """
 
     def __init__(
@@ -158,10 +159,11 @@ class Completer:
     def report(self, conn: db.Conn, ran: Ran) -> None:
         """A success is buffered (written by the next claim or flush); a failure is written
         now, on `conn`."""
-        if ran.failure is None:
+        failure = ran.failure
+        if failure is None:
             self._successes.append(ran)
         else:
-            self._write_failure(conn, ran)
+            self._write_failure(conn, ran.job, failure, ran.duration)
 
     def run_in_transaction(self, conn: db.Conn, job: Job, executor: Executor) -> None:
         """For a handler that takes `conn`: its writes and the job's success commit together,
@@ -178,20 +180,15 @@ class Completer:
                 if not db.succeed(conn, self.schema, job.lease, [(job.id, ran.result)]):
                     raise LeaseLost(f"job {job.id} lost its lease")
         except _Undo as undo:
-            ran = undo.ran
+            self.report(conn, undo.ran)  # rolled back: now its failure, outside the transaction
         except LeaseLost:
             self._lost(job, self.clock() - start)
-            return
-        except Exception as exc:
-            ran = executor.failed(job, exc, self.clock() - start)
+        except Exception as exc:  # COMMIT or our own statement failed: the job's failure too
+            self.report(conn, executor.failed(job, exc, self.clock() - start))
         else:
             self._succeeded(job, self.clock() - start)
-            return
-        self._write_failure(conn, ran)
 
-    def _write_failure(self, conn: db.Conn, ran: Ran) -> None:
-        job, failure = ran.job, ran.failure
-        assert failure is not None  # report() and run_in_transaction() send failures only
+    def _write_failure(self, conn: db.Conn, job: Job, failure: Failure, took: float) -> None:
         ended = db.end_attempt(
             conn,
             self.schema,
@@ -204,7 +201,7 @@ class Completer:
             delay=failure.retry_delay,
         )
         if not ended:
-            self._lost(job, ran.duration)
+            self._lost(job, took)
             return
         retried = ended[0].new_state is JobState.PENDING
         kind = OutcomeKind.RETRIED if retried else OutcomeKind.FAILED
@@ -215,12 +212,12 @@ class Completer:
             job.id,
             job.type,
             job.attempt,
-            ran.duration,
+            took,
             self.worker_id,
             failure.message,
             f" retry_in={failure.retry_delay:.2f}s" if retried else "",
         )
-        self._outcomes.append(Outcome(job, kind, ran.duration, failure.message))
+        self._outcomes.append(Outcome(job, kind, took, failure.message))
         self._drop(job.lease, [job.id])
 
     # ---- writing the buffer ----
