@@ -120,14 +120,13 @@ class Executor:
         data: dict[str, object] = {"exception": type(exc).__name__}
         if isinstance(exc, PermanentError) and exc.data is not None:
             data["data"] = exc.data
-        if not permanent:
-            data["traceback"] = "".join(traceback.format_exception(exc))[-4000:]
         if permanent:
             kind: FailureKind = AttemptKind.PERMANENT
             delay = 0.0
         else:
             kind = AttemptKind.ERROR
             delay = self.registry.policy(job.type).retry_delay(job.attempt, self.rng)
+            data["traceback"] = "".join(traceback.format_exception(exc))[-4000:]
         failure = Failure(kind, f"{type(exc).__name__}: {exc}", _jsonable(data), delay)
         return Ran(job, None, failure, duration)
 
