@@ -87,5 +87,6 @@ def settle(
 
 def retry_delay(job: SlotView, registry: Registry, rng: random.Random) -> float:
     """The retry delay of the job a child died holding, by the handler of its type."""
-    handler = None if job.job_type is None else registry.handlers.get(job.job_type)
-    return 0.0 if handler is None else handler.backoff(job.attempt, rng)
+    if job.job_type is None:
+        return 0.0
+    return registry.policy(job.job_type).retry_delay(job.attempt, rng)

@@ -3,6 +3,10 @@
 It has its own connection (cursors on one connection share one transaction, and the job
 connection is busy running handlers). Every write is fenced by the lease. A heartbeat proves
 that the process lives, not that the job progresses: job timeouts are the supervisor's.
+
+When a beat fails (the server restarted, say) the connection is dropped and the next beat
+comes after a jittered backoff, from well under the interval up to it: the children of every
+pod do not reconnect in lockstep, and none waits longer than a beat once the server is back.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import threading
 from collections.abc import Callable
 
 from pgq_supervisor import db
+from pgq_supervisor.backoff import Backoff
 from pgq_supervisor.errors import DatabaseError
 from pgq_supervisor.jobs import JobId, LeaseToken
 
@@ -25,6 +30,8 @@ class Heartbeat:
         schema: str,
         interval: float,
         worker_id: str,
+        *,
+        backoff: Backoff | None = None,
     ) -> None:
         self._connect = connect
         self._schema = schema
@@ -34,6 +41,7 @@ class Heartbeat:
         self._held: dict[LeaseToken, set[JobId]] = {}
         self._stop = threading.Event()
         self._conn: db.Conn | None = None
+        self._backoff = backoff or Backoff(initial=min(0.5, interval), maximum=interval)
         self._thread = threading.Thread(target=self._run, name="pgq-heartbeat", daemon=True)
 
     def start(self) -> None:
@@ -41,7 +49,8 @@ class Heartbeat:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=self._interval + 5)
+        if self._thread.ident is not None:  # started
+            self._thread.join(timeout=self._interval + 5)
         if self._conn is not None:
             self._conn.close()
 
@@ -56,6 +65,11 @@ class Heartbeat:
                 held.difference_update(ids)
                 if not held:
                     del self._held[lease]
+
+    def holding(self) -> int:
+        """How many jobs are held (kept alive) now."""
+        with self._lock:
+            return sum(len(ids) for ids in self._held.values())
 
     def beat_once(self) -> int:
         """One round of fenced heartbeats; returns how many jobs are still held."""
@@ -78,12 +92,22 @@ class Heartbeat:
             self.drop(lease, lost)
         return alive
 
+    def tick(self) -> float:
+        """One round of beats; returns the seconds until the next: the interval, or after a
+        failure a backoff (the connection is made afresh then)."""
+        try:
+            self.beat_once()
+        except DatabaseError as exc:
+            delay = self._backoff.failed()
+            log.warning("heartbeat failed, retrying in %.2f s: %s", delay, exc)
+            if self._conn is not None:
+                self._conn.close()
+            self._conn = None
+            return delay
+        self._backoff.succeeded()
+        return self._interval
+
     def _run(self) -> None:
-        while not self._stop.wait(self._interval):
-            try:
-                self.beat_once()
-            except DatabaseError as exc:
-                log.warning("heartbeat failed, will retry: %s", exc)
-                if self._conn is not None:
-                    self._conn.close()
-                self._conn = None
+        wait = self._interval
+        while not self._stop.wait(wait):
+            wait = self.tick()

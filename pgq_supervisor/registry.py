@@ -1,4 +1,8 @@
-"""Handlers, their payload validation and retry policy. No database, no processes."""
+"""Handlers, their payload validation and policy. No database, no processes.
+
+A handler's policy (timeout, retry budget, backoff) is resolved here, once, at registration;
+the worker, the executor and the supervisor ask it rather than each working it out.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +10,14 @@ import importlib
 import inspect
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
 import pydantic
 
 from pgq_supervisor.errors import AppLoadError, ConfigError, InvalidInput
-from pgq_supervisor.jobs import JsonValue, check_type_name
+from pgq_supervisor.jobs import Job, JsonValue, check_type_name
 
 F = TypeVar("F", bound=Callable[..., object])
 
@@ -43,15 +47,60 @@ Backoff = Callable[[int, random.Random], float]
 
 
 @dataclass(frozen=True, slots=True)
+class Policy:
+    """What a job type's handler allows: how long an attempt may run, how many retries, and
+    how long to wait before each."""
+
+    timeout: float | None
+    max_retry_count: int
+    backoff: Backoff
+
+    def timeout_for(self, job: Job) -> float | None:
+        """The job's own timeout if it was enqueued with one, else the handler's."""
+        return job.timeout or self.timeout
+
+    def retry_delay(self, attempt: int, rng: random.Random) -> float:
+        """Seconds to wait before the retry that follows failed attempt `attempt` (1-based)."""
+        return self.backoff(attempt, rng)
+
+
+def _no_retry(attempt: int, rng: random.Random) -> float:
+    return 0.0
+
+
+# A job whose type has no handler here: it fails at once, under its own timeout if any.
+UNHANDLED = Policy(timeout=None, max_retry_count=0, backoff=_no_retry)
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimPolicy:
+    """The arrays a claim passes: the types a worker takes and each one's retry budget (the
+    claim stores it on jobs enqueued without their own)."""
+
+    types: tuple[str, ...]
+    max_retry_counts: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Handler:
     type: str
     func: Callable[..., object]
     adapter: pydantic.TypeAdapter[object] | None
     wants_job: bool
     wants_conn: bool
-    timeout: float | None
-    max_retry_count: int
-    backoff: Backoff
+    policy: Policy
+
+    @property
+    def timeout(self) -> float | None:
+        return self.policy.timeout
+
+    @property
+    def max_retry_count(self) -> int:
+        return self.policy.max_retry_count
+
+    @property
+    def backoff(self) -> Backoff:
+        return self.policy.backoff
 
     def validate(self, payload: JsonValue) -> object:
         """The payload as the handler's annotation wants it; InvalidInput if it does not fit."""
@@ -116,6 +165,18 @@ class Registry:
         except KeyError:
             raise InvalidInput(f"no handler for job type {type_!r}") from None
 
+    def policy(self, type_: str) -> Policy:
+        """The policy of `type_`'s handler; UNHANDLED when there is none."""
+        handler = self.handlers.get(type_)
+        return UNHANDLED if handler is None else handler.policy
+
+    def claim_policy(self, types: Sequence[str]) -> ClaimPolicy:
+        """What a claim of `types` passes; InvalidInput if one has no handler."""
+        return ClaimPolicy(
+            types=tuple(types),
+            max_retry_counts=tuple(self.get(t).max_retry_count for t in types),
+        )
+
 
 def _make_handler(
     type_: str,
@@ -151,9 +212,7 @@ def _make_handler(
         adapter=adapter,
         wants_job="job" in names,
         wants_conn="conn" in names,
-        timeout=timeout,
-        max_retry_count=max_retry_count,
-        backoff=backoff,
+        policy=Policy(timeout=timeout, max_retry_count=max_retry_count, backoff=backoff),
     )
 
 

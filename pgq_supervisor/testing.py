@@ -12,8 +12,9 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from pgq_supervisor import db
-from pgq_supervisor.executor import Executor, Outcome
-from pgq_supervisor.jobs import Job, JobId, JsonValue, LeaseToken
+from pgq_supervisor.completion import Completer, Outcome
+from pgq_supervisor.executor import Executor
+from pgq_supervisor.jobs import Job, JobId, JsonValue, LeaseToken, OutcomeKind
 from pgq_supervisor.registry import Registry
 
 _ZERO = uuid.UUID(int=0)
@@ -47,20 +48,20 @@ def run_inline(registry: Registry, type: str, payload: JsonValue = None) -> obje
 class DrainResult:
     outcomes: list[Outcome] = field(default_factory=list)
 
-    def count(self, kind: str) -> int:
+    def count(self, kind: OutcomeKind | str) -> int:
         return sum(1 for o in self.outcomes if o.kind == kind)
 
     @property
     def succeeded(self) -> int:
-        return self.count("succeeded")
+        return self.count(OutcomeKind.SUCCEEDED)
 
     @property
     def failed(self) -> int:
-        return self.count("failed")
+        return self.count(OutcomeKind.FAILED)
 
     @property
     def retried(self) -> int:
-        return self.count("retried")
+        return self.count(OutcomeKind.RETRIED)
 
 
 def drain(
@@ -81,23 +82,18 @@ def drain(
         raise ValueError("drain() needs an autocommit connection")
     s = schema or db.default_schema()
     types = [t for t in registry.types if t not in ignore]
-    executor = Executor(conn, s, registry, f"testing:{os.getpid()}")
+    worker_id = f"testing:{os.getpid()}"
+    executor = Executor(registry, worker_id)
+    completer = Completer(s, worker_id)
+    policy = registry.claim_policy(types)
     result = DrainResult()
     while types and (max_jobs is None or len(result.outcomes) < max_jobs):
         limit = batch if max_jobs is None else min(batch, max_jobs - len(result.outcomes))
-        jobs = db.claim(
-            conn,
-            s,
-            worker_id=executor.worker_id,
-            types=types,
-            max_retry_counts=[registry.handlers[t].max_retry_count for t in types],
-            limit=limit,
-        )
+        jobs = completer.claim(conn, policy, limit)
         if not jobs:
             break
         for job in jobs:
-            outcome = executor.run(job)
-            if outcome is not None:
-                result.outcomes.append(outcome)
-        result.outcomes.extend(executor.flush())
+            completer.run(conn, job, executor)
+        completer.flush(conn)
+        result.outcomes.extend(completer.take_outcomes())
     return result

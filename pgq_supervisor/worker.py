@@ -1,16 +1,20 @@
-"""A child worker process: claim, run, write outcomes.
+"""A child worker process: claim, run, settle.
 
-    supervisor ──pipe──▶ child (main thread)          child (pgq-heartbeat thread)
-      Wake / Stop          claim batch ◀─ job conn       every heartbeat_interval:
-      ◀── Ready / Idle     run handler, one by one       UPDATE worker_alive_at
-          Report           write outcomes (fenced)       for every job held (fenced),
-      ◀── shared slot ──   slot = job in hand            on its own connection
+    supervisor ──pipe──▶ child (main thread)              child (pgq-heartbeat thread)
+      Wake / Stop          Worker: claim ◀─ job conn         every heartbeat_interval:
+      ◀── Ready / Idle     Executor: run handler, in order   UPDATE worker_alive_at
+          Report           Completer: write outcomes         for every job held (fenced),
+      ◀── shared slot ──   slot = job in hand                on its own connection
 
-The main thread claims up to a batch of jobs at once (sized from how long recent jobs took),
-runs them in order and writes successes in one statement per batch. The heartbeat thread
-keeps every held job alive until its outcome lands. The child sends Idle when a claim finds
-nothing and then blocks on its pipe; pipe EOF (the supervisor is gone) makes it finish the job
-in hand and exit. SIGINT is ignored: the supervisor decides when children stop.
+The Worker owns the job connection and the loop: claim a batch (sized from how long recent
+jobs took) → run it in order → settle (jobs not started go back) → report; or, when a claim
+finds nothing, send Idle and block on the pipe. The Executor runs a handler and says what
+happened; the Completer writes it, fenced by the lease: a failure at once, successes in the
+statement of the next claim (or a flush when a batch runs long), and keeps every held job in
+the heartbeat until its outcome lands. A database error backs off with jitter, reconnects if
+the connection is gone (waking for a Stop), then lets the Completer write or forget its
+buffer. Pipe EOF (the supervisor is gone) makes the child finish the job in hand and exit.
+SIGINT is ignored: the supervisor decides when children stop.
 """
 
 from __future__ import annotations
@@ -30,11 +34,13 @@ from typing import Final
 from setproctitle import getproctitle, setproctitle
 
 from pgq_supervisor import db
+from pgq_supervisor.backoff import Backoff
+from pgq_supervisor.completion import Completer
 from pgq_supervisor.errors import AppLoadError, DatabaseError, ExitCode
-from pgq_supervisor.executor import Executor, Outcome
+from pgq_supervisor.executor import Executor
 from pgq_supervisor.heartbeat import Heartbeat
 from pgq_supervisor.ipc import BootFailed, Idle, JobSlot, Ready, Report, Retiring, Stop, Wake
-from pgq_supervisor.jobs import Job, OutcomeKind
+from pgq_supervisor.jobs import Job
 from pgq_supervisor.logs import setup_logging
 from pgq_supervisor.registry import Registry, load_registry
 
@@ -95,18 +101,15 @@ def _trim_heap() -> None:
 
 
 def connect_retrying(dsn: str, timeout: float, synchronous_commit: bool) -> db.Conn:
-    deadline = time.monotonic() + timeout
-    delay = 0.1
-    while True:
-        try:
-            return db.connect(
-                dsn, application_name="pgq-worker", synchronous_commit=synchronous_commit
-            )
-        except DatabaseError:
-            if time.monotonic() + delay > deadline:
-                raise
-            time.sleep(delay)
-            delay = min(delay * 2, 2.0)
+    """Connect, retrying with a jittered backoff for up to `timeout` seconds."""
+    backoff = Backoff(initial=0.1, maximum=2.0)
+    return backoff.retry(
+        lambda: db.connect(
+            dsn, application_name="pgq-worker", synchronous_commit=synchronous_commit
+        ),
+        retry_on=DatabaseError,
+        deadline=backoff.clock() + timeout,
+    )
 
 
 def rss_mb() -> float:
@@ -117,84 +120,201 @@ def rss_mb() -> float:
 
 class Worker:
     def __init__(
-        self, spec: ChildSpec, registry: Registry, pipe: Connection, slot: JobSlot, conn: db.Conn
+        self,
+        spec: ChildSpec,
+        registry: Registry,
+        pipe: Connection,
+        slot: JobSlot,
+        conn: db.Conn,
+        *,
+        error_backoff: Backoff | None = None,
+        connect_backoff: Backoff | None = None,
     ) -> None:
         self.spec = spec
         self.registry = registry
         self.pipe = pipe
         self.slot = slot
         self.conn = conn
-        self.types = list(spec.types)
-        self.max_retries = [registry.handlers[t].max_retry_count for t in self.types]
-        self.executor = Executor(conn, spec.schema, registry, spec.worker_id)
+        self.claim_policy = registry.claim_policy(spec.types)
+        self.executor = Executor(registry, spec.worker_id)
         self.heartbeat = Heartbeat(
-            lambda: db.connect(
-                spec.dsn,
-                application_name="pgq-heartbeat",
-                synchronous_commit=spec.synchronous_commit,
-            ),
+            lambda: self._connect("pgq-heartbeat"),
             spec.schema,
             spec.heartbeat_interval,
             spec.worker_id,
         )
+        self.completer = Completer(
+            spec.schema, spec.worker_id, heartbeat=self.heartbeat, flush_every=REPORT_EVERY
+        )
+        # Errors that repeat (a schema not migrated, say) must not spin; reset by a claim.
+        self.error_backoff = error_backoff or Backoff(initial=0.1, maximum=5.0)
+        self.connect_backoff = connect_backoff or Backoff(initial=0.2, maximum=5.0)
         self.stopping = False
         self.jobs_done = 0
         self.per_job = BATCH_BUDGET  # running estimate of seconds per job; sizes the claim
-        self.outcomes: list[tuple[str, OutcomeKind, float]] = []
         self.latencies: list[float] = []
         self.last_report = time.monotonic()
         self.last_pipe_check = 0.0
         self.woken_at: float | None = None
-        self.error_backoff = 0.1
         self.title_idle = f"pgq-worker[{spec.index}] idle"
 
-    # ---- main loop ----
-
     def run(self) -> None:
+        """Claim → run the batch → settle → report, or idle until woken; until told to stop."""
         self.heartbeat.start()
         self.pipe.send(Ready(os.getpid()))
-        idle = False
         try:
             while not self.stopping:
-                if idle:
-                    self._report()
-                    setproctitle(self.title_idle)
-                    self._wait_for_wake()
-                    idle = False
-                    continue
                 jobs = self._claim()
                 if jobs is None:
-                    continue
+                    continue  # a database error, dealt with: claim again
                 if not jobs:
-                    self.pipe.send(Idle())
-                    idle = True
+                    self._idle()
                     continue
                 self._run_batch(jobs)
-                reason = self._retire_reason()
-                if reason:
-                    log.info("worker %s retiring: %s", self.spec.worker_id, reason)
-                    self.pipe.send(Retiring(reason))
-                    self.stopping = True
+                if time.monotonic() - self.last_report > REPORT_EVERY:
+                    self._report()
+                self._retire_if_due()
         except (BrokenPipeError, EOFError):
             self.stopping = True  # supervisor gone: the job in hand was finished, leave
         finally:
-            self._flush_before_exit()
-            # the supervisor may be gone; then nobody is left to report to
-            with contextlib.suppress(OSError):
-                self._report()
-            self.heartbeat.stop()
-            self.conn.close()
+            self._exit()
 
-    def _flush_before_exit(self) -> None:
-        """Successes waiting to ride on a claim that will not come are written now."""
+    # ---- the steps ----
+
+    def _claim(self) -> list[Job] | None:
+        """The next batch; the last batch's successes are written on the way. None after a
+        database error."""
+        limit = max(1, min(self.spec.claim_batch, int(BATCH_BUDGET / max(self.per_job, 1e-6))))
         try:
-            self._flush()
+            jobs = self.completer.claim(self.conn, self.claim_policy, limit)
         except DatabaseError as exc:
-            log.warning("could not write %d successes before exit: %s", self.executor.buffered, exc)
+            self._database_error(exc)
+            return None
+        self.error_backoff.succeeded()
+        if jobs and self.woken_at is not None:
+            self.latencies.append(time.monotonic() - self.woken_at)
+        self.woken_at = None
+        return jobs
 
-    def _wait_for_wake(self) -> None:
-        msg = self.pipe.recv()  # EOFError when the supervisor is gone
-        self._handle(msg)
+    def _run_batch(self, jobs: list[Job]) -> None:
+        """Run the batch in claim order until done or told to stop; jobs not started go back."""
+        titled = len(jobs) <= 4  # a title per job costs microseconds: small batches only
+        started = time.monotonic()
+        done = 0
+        try:
+            for job in jobs:
+                self._poll_pipe()
+                if self.stopping:
+                    break
+                self._run_one(job, titled)
+                done += 1
+                self.completer.flush_if_due(self.conn)
+        except DatabaseError as exc:
+            self.slot.clear()
+            self._database_error(exc)
+        finally:
+            self.completer.release(self.conn, jobs[done:])
+        if done:
+            took = (time.monotonic() - started) / done
+            self.per_job = 0.7 * self.per_job + 0.3 * took
+        self.jobs_done += done
+
+    def _run_one(self, job: Job, titled: bool) -> None:
+        timeout = self.registry.policy(job.type).timeout_for(job)
+        self.slot.set(job.id, time.monotonic(), timeout, job.attempt, job.type)
+        if titled:
+            setproctitle(f"pgq-worker[{self.spec.index}] {job.type} {job.id}")
+        self.completer.run(self.conn, job, self.executor)
+        self.slot.clear()
+
+    def _idle(self) -> None:
+        """The claim found nothing: say so, report, and block until woken or told to stop."""
+        self.pipe.send(Idle())
+        self._report()
+        setproctitle(self.title_idle)
+        self._handle(self.pipe.recv())  # EOFError when the supervisor is gone
+
+    def _report(self) -> None:
+        outcomes = self.completer.take_outcomes()
+        if outcomes or self.latencies:
+            self.pipe.send(
+                Report(
+                    tuple((o.job.type, o.kind, o.duration) for o in outcomes),
+                    tuple(self.latencies),
+                )
+            )
+            self.latencies = []
+        self.last_report = time.monotonic()
+
+    def _retire_if_due(self) -> None:
+        reason = self._retire_reason()
+        if reason:
+            log.info("worker %s retiring: %s", self.spec.worker_id, reason)
+            self.pipe.send(Retiring(reason))
+            self.stopping = True
+
+    def _retire_reason(self) -> str | None:
+        if self.spec.max_jobs is not None and self.jobs_done >= self.spec.max_jobs:
+            return f"ran {self.jobs_done} jobs (max_jobs_per_child={self.spec.max_jobs})"
+        if self.spec.max_memory_mb is not None:
+            rss = rss_mb()
+            if rss > self.spec.max_memory_mb:
+                return f"RSS {rss:.0f} MiB > max_memory_per_child={self.spec.max_memory_mb} MiB"
+        return None
+
+    def _exit(self) -> None:
+        """Successes waiting for a claim that will not come are written now; then the last
+        report, and the connections close."""
+        try:
+            self.completer.flush(self.conn)
+        except DatabaseError as exc:
+            n = self.completer.buffered
+            log.warning("could not write %d successes before exit: %s", n, exc)
+        # the supervisor may be gone; then nobody is left to report to
+        with contextlib.suppress(OSError):
+            self._report()
+        self.heartbeat.stop()
+        self.conn.close()
+
+    # ---- the database ----
+
+    def _connect(self, application_name: str) -> db.Conn:
+        return db.connect(
+            self.spec.dsn,
+            application_name=application_name,
+            synchronous_commit=self.spec.synchronous_commit,
+        )
+
+    def _database_error(self, exc: DatabaseError) -> None:
+        """Back off, reconnect if the connection is gone, then let the completer write its
+        buffer on the connection we have, or forget it (those jobs will run again)."""
+        log.warning("worker %s database error: %s", self.spec.worker_id, exc)
+        self._sleep_polling(self.error_backoff.failed())
+        if self.conn.closed or self.conn.broken:
+            self._reconnect()
+        self.completer.recover(self.conn)
+
+    def _reconnect(self) -> None:
+        """Connect again, backing off with jitter, until connected or told to stop."""
+        self.conn.close()
+        if self.stopping:
+            return
+        try:
+            self.conn = self.connect_backoff.retry(
+                lambda: self._connect("pgq-worker"),
+                retry_on=DatabaseError,
+                give_up=lambda exc: self.stopping,
+                sleep=self._sleep_reconnecting,
+            )
+        except DatabaseError:
+            return  # told to stop: leave without a connection
+        log.info("worker %s reconnected", self.spec.worker_id)
+
+    def _sleep_reconnecting(self, seconds: float) -> None:
+        log.info("worker %s cannot connect, next try in %.2f s", self.spec.worker_id, seconds)
+        self._sleep_polling(seconds)
+
+    # ---- the pipe ----
 
     def _handle(self, msg: object) -> None:
         if isinstance(msg, Wake):
@@ -214,153 +334,12 @@ class Worker:
         except (EOFError, OSError):
             self.stopping = True
 
-    def _claim(self) -> list[Job] | None:
-        limit = max(1, min(self.spec.claim_batch, int(BATCH_BUDGET / max(self.per_job, 1e-6))))
-        claim: db.ClaimArgs = {
-            "worker_id": self.spec.worker_id,
-            "types": self.types,
-            "max_retry_counts": self.max_retries,
-            "limit": limit,
-        }
-        try:
-            buffered = self.executor.buffered_for_claim()
-            if buffered is not None:
-                # the last batch's successes ride on this claim: one statement, one commit
-                lease, results = buffered
-                held, jobs = db.succeed_and_claim(
-                    self.conn, self.spec.schema, lease, results, **claim
-                )
-                self._settled(self.executor.settle_buffered(lease, held))
-            else:
-                self._flush()
-                jobs = db.claim(self.conn, self.spec.schema, **claim)
-        except DatabaseError as exc:
-            self._reconnect(exc)
-            self._recover()
-            return None
-        self.error_backoff = 0.1
-        if jobs and self.woken_at is not None:
-            self.latencies.append(time.monotonic() - self.woken_at)
-        self.woken_at = None
-        return jobs
-
-    def _run_batch(self, jobs: list[Job]) -> None:
-        lease = jobs[0].lease
-        self.heartbeat.hold(lease, [j.id for j in jobs])
-        batch_start = time.monotonic()
-        last_flush = batch_start
-        small = len(jobs) <= 4
-        done = 0
-        try:
-            for job in jobs:
-                self._poll_pipe()
-                if self.stopping:
-                    break
-                handler = self.registry.handlers.get(job.type)
-                timeout = job.timeout or (handler.timeout if handler else None)
-                self.slot.set(job.id, time.monotonic(), timeout, job.attempt, job.type)
-                if small:
-                    setproctitle(f"pgq-worker[{self.spec.index}] {job.type} {job.id}")
-                outcome = self.executor.run(job)
-                self.slot.clear()
-                done += 1
-                if outcome is not None:
-                    self._record([outcome])
-                    self.heartbeat.drop(lease, [job.id])
-                if self.executor.buffered and time.monotonic() - last_flush > REPORT_EVERY:
-                    self._flush()
-                    last_flush = time.monotonic()
-            if self.stopping:
-                self._flush()
-            # else the successes ride on the next claim (see _claim)
-        except DatabaseError as exc:
-            self.slot.clear()
-            self._reconnect(exc)
-            self._recover()
-        finally:
-            self._release_rest(jobs[done:])
-        if done:
-            took = (time.monotonic() - batch_start) / done
-            self.per_job = 0.7 * self.per_job + 0.3 * took
-        self.jobs_done += done
-        if time.monotonic() - self.last_report > REPORT_EVERY:
-            self._report()
-
-    def _flush(self) -> None:
-        self._settled(self.executor.flush())
-
-    def _settled(self, outcomes: list[Outcome]) -> None:
-        self._record(outcomes)
-        for o in outcomes:
-            self.heartbeat.drop(o.job.lease, [o.job.id])
-
-    def _recover(self) -> None:
-        """After a lost connection: write the buffered successes if we still can."""
-        try:
-            self._flush()
-        except DatabaseError:
-            for job in self.executor.discard_buffered():
-                self.heartbeat.drop(job.lease, [job.id])
-
-    def _release_rest(self, rest: list[Job]) -> None:
-        """Jobs claimed but not started go back without consuming an attempt."""
-        if not rest:
-            return
-        ids = [j.id for j in rest]
-        try:
-            db.release(self.conn, self.spec.schema, ids=ids, lease=rest[0].lease)
-        except DatabaseError as exc:
-            log.warning("could not release %d claimed jobs (the rescuer will): %s", len(ids), exc)
-        finally:
-            self.heartbeat.drop(rest[0].lease, ids)
-
-    def _reconnect(self, exc: DatabaseError) -> None:
-        """After a database error: back off (errors that repeat, such as a schema that is
-        not migrated, must not spin), then reconnect if the connection is gone."""
-        log.warning("worker %s database error: %s", self.spec.worker_id, exc)
-        self._sleep_polling(self.error_backoff)
-        self.error_backoff = min(self.error_backoff * 2, 5.0)
-        if not self.conn.closed and not self.conn.broken:
-            return
-        self.conn.close()
-        delay = 0.2
-        while not self.stopping:
-            try:
-                self.conn = db.connect(
-                    self.spec.dsn,
-                    application_name="pgq-worker",
-                    synchronous_commit=self.spec.synchronous_commit,
-                )
-                self.executor.conn = self.conn
-                log.info("worker %s reconnected", self.spec.worker_id)
-                return
-            except DatabaseError:
-                self._sleep_polling(delay)
-                delay = min(delay * 2, 5.0)
-
     def _sleep_polling(self, seconds: float) -> None:
-        """Sleep, but wake for a Stop from the supervisor."""
+        """Sleep, but wake for a Stop from the supervisor (a Wake does not cut it short)."""
+        deadline = time.monotonic() + seconds
         try:
-            if self.pipe.poll(seconds):
-                self._poll_pipe(force=True)
+            while not self.stopping and (left := deadline - time.monotonic()) > 0:
+                if self.pipe.poll(left):
+                    self._poll_pipe(force=True)
         except (EOFError, OSError):
             self.stopping = True
-
-    def _record(self, outcomes: list[Outcome]) -> None:
-        self.outcomes.extend((o.job.type, o.kind, o.duration) for o in outcomes)
-
-    def _report(self) -> None:
-        if self.outcomes or self.latencies:
-            self.pipe.send(Report(tuple(self.outcomes), tuple(self.latencies)))
-            self.outcomes = []
-            self.latencies = []
-        self.last_report = time.monotonic()
-
-    def _retire_reason(self) -> str | None:
-        if self.spec.max_jobs is not None and self.jobs_done >= self.spec.max_jobs:
-            return f"ran {self.jobs_done} jobs (max_jobs_per_child={self.spec.max_jobs})"
-        if self.spec.max_memory_mb is not None:
-            rss = rss_mb()
-            if rss > self.spec.max_memory_mb:
-                return f"RSS {rss:.0f} MiB > max_memory_per_child={self.spec.max_memory_mb} MiB"
-        return None

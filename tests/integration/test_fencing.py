@@ -7,6 +7,7 @@ import pytest
 
 import pgq_supervisor as pgq
 from pgq_supervisor import db
+from pgq_supervisor.completion import Completer
 from pgq_supervisor.db import Conn
 from pgq_supervisor.executor import Executor
 from pgq_supervisor.jobs import AttemptKind, Job, LeaseToken
@@ -132,9 +133,11 @@ def test_executor_reports_a_lost_lease_and_writes_nothing(
         return {"done": 1}
 
     pgq.enqueue(conn, "t", {"n": 1})
-    executor = Executor(conn, S, registry, "worker-1")
+    executor, completer = Executor(registry, "worker-1"), Completer(S, "worker-1")
     job = claim_one(conn, "t")
-    outcomes = [o for o in [executor.run(job)] if o is not None] + executor.flush()
+    completer.run(conn, job, executor)
+    completer.flush(conn)
+    outcomes = completer.take_outcomes()
     assert [(o.job.id, o.kind) for o in outcomes] == [(job.id, "lost")]
     assert raw_row(conn, job.id) == after_reset[0]
     rec = get(conn, job.id)

@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import random
+import uuid
 
 import pydantic
 import pytest
 
 import pgq_supervisor as pgq
 from pgq_supervisor.errors import ConfigError
-from pgq_supervisor.jobs import JsonValue
-from pgq_supervisor.registry import DEFAULT_MAX_RETRY_COUNT, Handler, RetryPolicy
+from pgq_supervisor.jobs import JobId, JsonValue, LeaseToken
+from pgq_supervisor.registry import (
+    DEFAULT_MAX_RETRY_COUNT,
+    UNHANDLED,
+    ClaimPolicy,
+    Handler,
+    RetryPolicy,
+)
 
 
 class Resize(pydantic.BaseModel):
@@ -176,3 +183,61 @@ def test_default_backoff_is_the_default_retry_policy() -> None:
         return None
 
     assert registry.get("t").backoff == RetryPolicy()
+
+
+def _job(type_: str, timeout: float | None) -> pgq.Job:
+    return pgq.Job(
+        id=JobId(uuid.uuid4()),
+        type=type_,
+        payload={},
+        priority=0,
+        attempt=1,
+        max_retry_count=3,
+        timeout=timeout,
+        bundle_id=None,
+        lease=LeaseToken(uuid.uuid4()),
+    )
+
+
+def test_policy_answers_timeout_and_retry_delay_for_its_type() -> None:
+    registry = pgq.Registry()
+
+    def linear(attempt: int, rng: random.Random) -> float:
+        return 2.0 * attempt
+
+    @registry.handler("slow", timeout=60, max_retry_count=5, retry=linear)
+    def slow(payload: dict[str, int]) -> None:
+        return None
+
+    policy = registry.policy("slow")
+    assert (policy.timeout, policy.max_retry_count) == (60, 5)
+    assert policy.timeout_for(_job("slow", None)) == 60
+    assert policy.timeout_for(_job("slow", 5.0)) == 5.0  # the job's own timeout wins
+    assert policy.retry_delay(3, random.Random(0)) == 6.0
+    # the supervisor asks the handler: the same policy answers
+    assert registry.handlers["slow"].backoff(3, random.Random(0)) == 6.0
+
+
+def test_a_type_without_handler_has_no_timeout_of_its_own() -> None:
+    registry = pgq.Registry()
+    assert registry.policy("nobody") is UNHANDLED
+    assert UNHANDLED.timeout_for(_job("nobody", None)) is None
+    assert UNHANDLED.timeout_for(_job("nobody", 3.0)) == 3.0
+
+
+def test_claim_policy_pairs_each_type_with_its_retry_budget() -> None:
+    registry = pgq.Registry()
+
+    @registry.handler("a")
+    def a(payload: dict[str, int]) -> None:
+        return None
+
+    @registry.handler("b", max_retry_count=0)
+    def b(payload: dict[str, int]) -> None:
+        return None
+
+    assert registry.claim_policy(["b", "a"]) == ClaimPolicy(
+        ("b", "a"), (0, DEFAULT_MAX_RETRY_COUNT)
+    )
+    with pytest.raises(pgq.InvalidInput, match="nobody"):
+        registry.claim_policy(["a", "nobody"])

@@ -1,0 +1,327 @@
+"""The one place a child writes what became of the jobs it holds (after River's job completer).
+
+    claim() ─▶ jobs held ─▶ Executor.run ─▶ Ran ─▶ report()
+      │        (heartbeat)                           ├ success: buffered, written later
+      │                                              └ failure: end_attempt, at once
+      ├ buffered successes of one lease, no bundle: in the claim's own statement
+      flush() ─ the others: one statement per lease, bundle rows locked first, in id order
+      run_in_transaction() ─ a handler that takes `conn`: its writes and its success commit
+                             together, or neither (then its failure is written)
+      release() ─ claimed but never started: back to pending, no attempt consumed
+
+Every write is fenced by the job's lease: a job that another worker owns now comes out LOST
+and nothing is written. Every job settled here leaves the heartbeat, and its `Outcome` waits in
+`take_outcomes()`. A buffered success is a job still `running` under a live heartbeat, so a
+crash before it is written reruns the job rather than losing it (PERF-NOTES: one write per job
+caps the queue near 2,000 jobs/s).
+
+The completer holds no connection: the caller passes its own to each call, and reconnecting is
+the caller's business. A call that raises DatabaseError settles nothing it was about to write;
+after a reconnect, `recover()` writes the buffer or, if it cannot, forgets it (those jobs run
+again once the rescuer finds their heartbeat stale).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import NamedTuple, assert_never
+
+from pgq_supervisor import db
+from pgq_supervisor.errors import DatabaseError, LeaseLost
+from pgq_supervisor.executor import Executor, Failure, FailureKind, Ran
+from pgq_supervisor.heartbeat import Heartbeat
+from pgq_supervisor.jobs import AttemptKind, Job, JobId, JobState, LeaseToken, OutcomeKind
+from pgq_supervisor.registry import ClaimPolicy
+
+log = logging.getLogger(__name__)
+
+
+class Outcome(NamedTuple):
+    """How one attempt of a held job ended, once written (or found lost)."""
+
+    job: Job
+    kind: OutcomeKind
+    duration: float
+    error: str | None = None
+
+
+class _Undo(Exception):
+    """Raised inside a handler's transaction to roll its writes back: the run failed."""
+
+    def __init__(self, ran: Ran) -> None:
+        self.ran = ran
+
+
+def _allows_retry(kind: FailureKind) -> bool:
+    match kind:
+        case AttemptKind.ERROR:
+            return True
+        case AttemptKind.PERMANENT:
+            return False
+        case _:
+            assert_never(kind)
+
+
+class Completer:
+    """Writes the outcomes of one worker's jobs, each call on the connection it is given.
+
+    `flush_every`: how long buffered successes may wait for a claim to ride on before
+    `flush_if_due()` writes them anyway. Not thread-safe: one thread drives it (the worker's
+    main thread; handlers run elsewhere would report through it).
+    """
+
+    def __init__(
+        self,
+        schema: str,
+        worker_id: str,
+        *,
+        heartbeat: Heartbeat | None = None,
+        flush_every: float = 0.25,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.schema = schema
+        self.worker_id = worker_id
+        self.heartbeat = heartbeat
+        self.flush_every = flush_every
+        self.clock = clock
+        self._successes: list[Ran] = []
+        self._written_at = clock()
+        self._outcomes: list[Outcome] = []
+
+    @property
+    def buffered(self) -> int:
+        """Successes run but not yet written."""
+        return len(self._successes)
+
+    def take_outcomes(self) -> list[Outcome]:
+        """The outcomes settled since the last call, in the order they were settled."""
+        outcomes, self._outcomes = self._outcomes, []
+        return outcomes
+
+    # ---- claiming, with the buffer riding on it ----
+
+    def claim(self, conn: db.Conn, policy: ClaimPolicy, limit: int) -> list[Job]:
+        """Claim up to `limit` jobs of `policy.types` and hold them in the heartbeat.
+
+        Buffered successes of one lease and no bundle are written by the claim's own
+        statement (one commit for both); any others are flushed first.
+        """
+        lease = self._rider()
+        if lease is None:
+            self.flush(conn)
+            jobs = db.claim(
+                conn,
+                self.schema,
+                worker_id=self.worker_id,
+                types=policy.types,
+                max_retry_counts=policy.max_retry_counts,
+                limit=limit,
+            )
+        else:
+            held, jobs = db.succeed_and_claim(
+                conn,
+                self.schema,
+                lease,
+                [(r.job.id, r.result) for r in self._successes],
+                worker_id=self.worker_id,
+                types=policy.types,
+                max_retry_counts=policy.max_retry_counts,
+                limit=limit,
+            )
+            self._settle_buffered(lease, held)
+        self._written_at = self.clock()
+        if jobs and self.heartbeat is not None:
+            self.heartbeat.hold(jobs[0].lease, [j.id for j in jobs])  # one claim, one lease
+        return jobs
+
+    def _rider(self) -> LeaseToken | None:
+        """The buffer's lease if it can ride on a claim: one lease and no bundled job (bundle
+        counters need their rows locked in order first, see flush)."""
+        if not self._successes:
+            return None
+        lease = self._successes[0].job.lease
+        for ran in self._successes:
+            if ran.job.lease != lease or ran.job.bundle_id is not None:
+                return None
+        return lease
+
+    # ---- what a run came to ----
+
+    def run(self, conn: db.Conn, job: Job, executor: Executor) -> None:
+        """Run `job` on `executor` and settle what happened (report or run_in_transaction)."""
+        if executor.takes_conn(job):
+            self.run_in_transaction(conn, job, executor)
+        else:
+            self.report(conn, executor.run(job))
+
+    def report(self, conn: db.Conn, ran: Ran) -> None:
+        """A success is buffered (written by the next claim or flush); a failure is written
+        now, on `conn`."""
+        failure = ran.failure
+        if failure is None:
+            self._successes.append(ran)
+        else:
+            self._write_failure(conn, ran.job, failure, ran.duration)
+
+    def run_in_transaction(self, conn: db.Conn, job: Job, executor: Executor) -> None:
+        """For a handler that takes `conn`: its writes and the job's success commit together,
+        or not at all. A failure (the handler's, or the commit's: a deferred constraint, say)
+        rolls its writes back and is written after."""
+        start = self.clock()
+        try:
+            with conn.transaction():
+                # the handler's own writes are user data: durable even when bookkeeping is not
+                db.durable_commit(conn)
+                ran = executor.run(job, conn)
+                if ran.failure is not None:
+                    raise _Undo(ran)
+                if not db.succeed(conn, self.schema, job.lease, [(job.id, ran.result)]):
+                    raise LeaseLost(f"job {job.id} lost its lease")
+        except _Undo as undo:
+            self.report(conn, undo.ran)  # rolled back: now its failure, outside the transaction
+        except LeaseLost:
+            self._lost(job, self.clock() - start)
+        except Exception as exc:  # COMMIT or our own statement failed: the job's failure too
+            self.report(conn, executor.failed(job, exc, self.clock() - start))
+        else:
+            self._succeeded(job, self.clock() - start)
+
+    def _write_failure(self, conn: db.Conn, job: Job, failure: Failure, took: float) -> None:
+        ended = db.end_attempt(
+            conn,
+            self.schema,
+            [job.id],
+            lease=job.lease,
+            error=failure.message,
+            error_data=failure.data,
+            kind=failure.kind,
+            allow_retry=_allows_retry(failure.kind),
+            delay=failure.retry_delay,
+        )
+        if not ended:
+            self._lost(job, took)
+            return
+        retried = ended[0].new_state is JobState.PENDING
+        kind = OutcomeKind.RETRIED if retried else OutcomeKind.FAILED
+        log.log(
+            logging.WARNING if retried else logging.ERROR,
+            "job %s id=%s type=%s attempt=%d duration=%.3fs worker=%s error=%s%s",
+            "retry" if retried else "failed",
+            job.id,
+            job.type,
+            job.attempt,
+            took,
+            self.worker_id,
+            failure.message,
+            f" retry_in={failure.retry_delay:.2f}s" if retried else "",
+        )
+        self._outcomes.append(Outcome(job, kind, took, failure.message))
+        self._drop(job.lease, [job.id])
+
+    # ---- writing the buffer ----
+
+    def flush_if_due(self, conn: db.Conn) -> None:
+        """Flush when successes have waited `flush_every` for a claim (a long batch)."""
+        if self._successes and self.clock() - self._written_at > self.flush_every:
+            self.flush(conn)
+
+    def flush(self, conn: db.Conn) -> None:
+        """Write every buffered success: one statement per lease, its bundles' rows locked
+        first, in id order (db.lock_bundles). On DatabaseError, what is not written stays
+        buffered: flush again after reconnecting (fenced writes cannot complete a job twice)."""
+        while self._successes:
+            lease = self._successes[0].job.lease
+            results = [(r.job.id, r.result) for r in self._successes if r.job.lease == lease]
+            bundles = [
+                r.job.bundle_id
+                for r in self._successes
+                if r.job.lease == lease and r.job.bundle_id is not None
+            ]
+            if bundles:
+                with db.wrapped(), conn.transaction():
+                    db.lock_bundles(conn, self.schema, bundles, [i for i, _ in results], lease)
+                    held = db.succeed(conn, self.schema, lease, results)
+            else:
+                held = db.succeed(conn, self.schema, lease, results)
+            self._settle_buffered(lease, held)
+        self._written_at = self.clock()
+
+    def recover(self, conn: db.Conn) -> None:
+        """After a database error: write the buffer on `conn` if it can, else forget it (the
+        jobs stay `running` and will run again: never lost, never completed twice)."""
+        try:
+            self.flush(conn)
+        except DatabaseError as exc:
+            log.warning(
+                "could not write %d successes (their jobs will run again): %s",
+                len(self._successes),
+                exc,
+            )
+            self.discard()
+
+    def discard(self) -> None:
+        """Forget the buffered successes; their jobs leave the heartbeat and will run again."""
+        by_lease: dict[LeaseToken, list[JobId]] = {}
+        for ran in self._successes:
+            by_lease.setdefault(ran.job.lease, []).append(ran.job.id)
+        self._successes = []
+        for lease, ids in by_lease.items():
+            self._drop(lease, ids)
+
+    def release(self, conn: db.Conn, jobs: Sequence[Job]) -> None:
+        """Jobs claimed but not started go back without consuming an attempt. Never raises:
+        if the write fails the rescuer returns them."""
+        if not jobs:
+            return
+        ids = [j.id for j in jobs]
+        try:
+            db.release(conn, self.schema, ids=ids, lease=jobs[0].lease)
+        except DatabaseError as exc:
+            log.warning("could not release %d claimed jobs (the rescuer will): %s", len(ids), exc)
+        finally:
+            self._drop(jobs[0].lease, ids)
+
+    # ---- settling ----
+
+    def _settle_buffered(self, lease: LeaseToken, held: set[JobId]) -> None:
+        """The buffered successes of `lease` were written: `held` are the ids that landed."""
+        mine = [r for r in self._successes if r.job.lease == lease]
+        self._successes = [r for r in self._successes if r.job.lease != lease]
+        for job, _, _, took in mine:
+            if job.id in held:
+                self._succeeded(job, took, drop=False)
+            else:
+                self._lost(job, took, drop=False)
+        self._drop(lease, [r.job.id for r in mine])
+
+    def _succeeded(self, job: Job, took: float, *, drop: bool = True) -> None:
+        log.debug(
+            "job succeeded id=%s type=%s attempt=%d duration=%.3fs worker=%s",
+            job.id,
+            job.type,
+            job.attempt,
+            took,
+            self.worker_id,
+        )
+        self._outcomes.append(Outcome(job, OutcomeKind.SUCCEEDED, took))
+        if drop:
+            self._drop(job.lease, [job.id])
+
+    def _lost(self, job: Job, took: float, *, drop: bool = True) -> None:
+        log.warning(
+            "job lease lost id=%s type=%s attempt=%d worker=%s: another worker owns it now;"
+            " nothing was written",
+            job.id,
+            job.type,
+            job.attempt,
+            self.worker_id,
+        )
+        self._outcomes.append(Outcome(job, OutcomeKind.LOST, took, "lease lost"))
+        if drop:
+            self._drop(job.lease, [job.id])
+
+    def _drop(self, lease: LeaseToken, ids: list[JobId]) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.drop(lease, ids)

@@ -1,0 +1,109 @@
+"""The heartbeat thread's beats and its reconnects: after a failure it backs off, with jitter."""
+
+from __future__ import annotations
+
+import random
+
+import psycopg
+from psycopg.conninfo import make_conninfo
+
+import pgq_supervisor as pgq
+from pgq_supervisor import db
+from pgq_supervisor.backoff import Backoff
+from pgq_supervisor.db import Conn
+from pgq_supervisor.heartbeat import Heartbeat
+from tests.integration.support import age_heartbeat, claim_one, get
+
+S = "pgq"
+APP = "pgq-heartbeat-test"
+
+
+def _alive_at_age(conn: Conn, job: pgq.Job) -> float:
+    row = conn.execute(
+        "SELECT extract(epoch FROM now() - worker_alive_at)::float8 FROM pgq.job WHERE id = %s",
+        (job.id,),
+    ).fetchone()
+    assert row is not None
+    return float(row[0])
+
+
+def test_beats_keep_held_jobs_alive_and_stop_at_drop(conn: Conn, dsn: str) -> None:
+    pgq.enqueue(conn, "t")
+    job = claim_one(conn, "t")
+    age_heartbeat(conn, job.id, 60)
+    hb = Heartbeat(lambda: db.connect(dsn, application_name=APP), S, 5.0, "worker-1")
+    try:
+        hb.hold(job.lease, [job.id])
+        assert hb.tick() == 5.0
+        assert _alive_at_age(conn, job) < 30
+        hb.drop(job.lease, [job.id])
+        age_heartbeat(conn, job.id, 60)
+        assert hb.beat_once() == 0
+        assert _alive_at_age(conn, job) >= 60
+    finally:
+        hb.stop()
+
+
+def test_unreachable_server_backs_off_with_jitter_then_beats_again(conn: Conn, dsn: str) -> None:
+    pgq.enqueue(conn, "t")
+    job = claim_one(conn, "t")
+    age_heartbeat(conn, job.id, 60)
+    unreachable = make_conninfo(dsn, host="127.0.0.1", port=1)  # nothing listens: refused
+    attempts: list[str] = []
+
+    def connect() -> Conn:
+        target = unreachable if len(attempts) < 3 else dsn
+        attempts.append(target)
+        return db.connect(target, application_name=APP)
+
+    backoff = Backoff(initial=0.5, maximum=5.0, jitter=0.25, rng=random.Random(7))
+    hb = Heartbeat(connect, S, 5.0, "worker-1", backoff=backoff)
+    try:
+        hb.hold(job.lease, [job.id])
+        delays = [hb.tick() for _ in range(3)]
+        for delay, nominal in zip(delays, [0.5, 1.0, 2.0], strict=True):
+            assert nominal * 0.75 <= delay <= nominal * 1.25
+        assert _alive_at_age(conn, job) >= 60  # nothing was written meanwhile
+        assert hb.tick() == 5.0  # connected: back to the interval
+        assert _alive_at_age(conn, job) < 30
+        assert hb.tick() == 5.0
+        assert len(attempts) == 4  # one connection, kept while it works
+    finally:
+        hb.stop()
+
+
+def test_default_backoff_never_waits_longer_than_a_beat(conn: Conn, dsn: str) -> None:
+    pgq.enqueue(conn, "t")
+    job = claim_one(conn, "t")
+    unreachable = make_conninfo(dsn, host="127.0.0.1", port=1)
+    hb = Heartbeat(lambda: db.connect(unreachable), S, 2.0, "worker-1")
+    try:
+        hb.hold(job.lease, [job.id])
+        delays = [hb.tick() for _ in range(8)]
+        assert delays[0] < 1.0 and all(0 < d <= 2.0 for d in delays)
+        assert len({round(d, 9) for d in delays}) > 1
+    finally:
+        hb.stop()
+
+
+def test_a_connection_lost_between_beats_is_made_again(conn: Conn, dsn: str) -> None:
+    pgq.enqueue(conn, "t")
+    job = claim_one(conn, "t")
+    hb = Heartbeat(lambda: db.connect(dsn, application_name=APP), S, 5.0, "worker-1")
+    try:
+        hb.hold(job.lease, [job.id])
+        assert hb.tick() == 5.0
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            killed = admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE application_name = %s",
+                (APP,),
+            ).fetchall()
+        assert killed == [(True,)]
+        assert hb.tick() < 5.0  # the beat failed: a short, jittered wait
+        age_heartbeat(conn, job.id, 60)
+        assert hb.tick() == 5.0
+        assert _alive_at_age(conn, job) < 30
+        assert get(conn, job.id).state is pgq.JobState.RUNNING
+    finally:
+        hb.stop()
