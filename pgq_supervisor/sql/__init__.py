@@ -24,24 +24,12 @@ def query_names() -> frozenset[str]:
     return frozenset(_raw_queries())
 
 
-_PLACEHOLDER_RE = re.compile(r"\{(\w+)\}")
-
-
 @functools.cache
 def query(name: str, schema: str) -> sql.Composed:
-    """The statement `name` with `{schema}` bound to the quoted identifier `schema`.
-
-    Any other `{block}` placeholder is replaced by the named block `block` (a fragment shared
-    by several statements), itself bound the same way.
-    """
+    """The statement `name` with `{schema}` bound to the quoted identifier `schema`."""
     # The text comes from our own packaged file, never from input: it is a literal in all but name.
     text: LiteralString = _raw_queries()[name]
-    fragments = {
-        frag: query(frag, schema)
-        for frag in _PLACEHOLDER_RE.findall(_strip_comments(text))
-        if frag != "schema"
-    }
-    return sql.SQL(_strip_comments(text)).format(schema=sql.Identifier(schema), **fragments)
+    return sql.SQL(_strip_comments(text)).format(schema=sql.Identifier(schema))
 
 
 def _strip_comments(text: LiteralString) -> LiteralString:

@@ -43,32 +43,36 @@ RETURNING id, type, origin, num_jobs, num_jobs_stopped, on_complete, created_at,
 
 -- name: claim
 -- Takes up to `limit` eligible jobs of the served types, highest priority then oldest, skipping
--- rows other workers hold, and marks them running under a fresh lease.
-{claim_update}
-
--- name: claim_update
--- (fragment) claim_pick (schema/0003) locks the rows, walking job_claim_idx in order with its
--- plan pinned; the update then finds them by primary key (a join to a CTE here made the
--- planner hash-join a sequential scan of the whole table). A job enqueued without
--- max_retry_count gets its handler's default here.
-UPDATE {schema}.job j
-SET state = 'running', started_at = now(), worker_alive_at = now(), worker_id = %(worker_id)s,
-    lease = %(lease)s, updated_at = now(),
-    max_retry_count = coalesce(
-        j.max_retry_count,
-        (%(max_retry_counts)s::int[])[array_position(%(types)s::text[], j.type)])
--- The sub-select makes it run once (an InitPlan): claim_pick is volatile, and called in the
--- WHERE clause directly it would run for every row of the table.
--- The state is checked again here: claim_pick picks under its own, later snapshot, and a job
--- reset (terminal -> pending) in between would otherwise be reached through its older,
--- terminal version and overwritten to running (found by the stress test). The check is
--- spelled through the timestamps (the CHECKs make "never started, never stopped" mean
--- pending) because `state = 'pending'` lets the planner walk the whole job_claim_idx instead
--- of the primary key (PostgreSQL 18 did).
-WHERE j.id = ANY((SELECT {schema}.claim_pick(%(types)s::text[], %(limit)s::int))::uuid[])
-  AND j.started_at IS NULL AND j.stopped_at IS NULL
-RETURNING j.id, j.type, j.payload, j.priority, j.current_retry_count + 1 AS attempt,
-          j.max_retry_count, j.timeout, j.bundle_id, j.lease
+-- rows other workers hold, and marks them running under a fresh lease. The rows come back in
+-- that order (RETURNING has none of its own), the order the worker runs them in.
+-- claim_pick (schema/0003) locks the rows, walking job_claim_idx in order with its plan
+-- pinned; the update then finds them by primary key (a join to a CTE here made the planner
+-- hash-join a sequential scan of the whole table). A job enqueued without max_retry_count gets
+-- its handler's default here.
+WITH claimed AS (
+    UPDATE {schema}.job j
+    SET state = 'running', started_at = now(), worker_alive_at = now(), worker_id = %(worker_id)s,
+        lease = %(lease)s, updated_at = now(),
+        max_retry_count = coalesce(
+            j.max_retry_count,
+            (%(max_retry_counts)s::int[])[array_position(%(types)s::text[], j.type)])
+    -- The sub-select makes claim_pick run once (an InitPlan): it is volatile, and called in
+    -- the WHERE clause directly it would run for every row of the table.
+    -- The state is checked again here: claim_pick picks under its own, later snapshot, and a
+    -- job reset (terminal -> pending) in between would otherwise be reached through its older,
+    -- terminal version and overwritten to running (found by the stress test). The check is
+    -- spelled through the timestamps (the CHECKs make "never started, never stopped" mean
+    -- pending) because `state = 'pending'` lets the planner walk the whole job_claim_idx
+    -- instead of the primary key (PostgreSQL 18 did).
+    WHERE j.id = ANY((SELECT {schema}.claim_pick(%(types)s::text[], %(limit)s::int))::uuid[])
+      AND j.started_at IS NULL AND j.stopped_at IS NULL
+    RETURNING j.id, j.type, j.payload, j.priority, j.current_retry_count + 1 AS attempt,
+              j.max_retry_count, j.timeout, j.bundle_id, j.lease, j.created_at
+)
+SELECT c.id, c.type, c.payload, c.priority, c.attempt, c.max_retry_count, c.timeout,
+       c.bundle_id, c.lease
+FROM claimed c
+ORDER BY c.priority DESC, c.created_at, c.id
 
 -- name: heartbeat
 -- Fenced: only jobs still running under this lease are touched. Does not change an indexed
@@ -82,6 +86,10 @@ RETURNING id
 -- A batch completion takes the same order for the whole batch: its job rows (still held under
 -- its lease), then their bundles, each in id order, so it cannot deadlock with another
 -- completion nor with a rescue, reset or delete.
+-- `(SELECT count(*) FROM jobs) >= 0` is always true; it is what enforces the order. A CTE
+-- that is not data-modifying runs only as far as it is read, so count(*) reads (and locks)
+-- every job row; and a condition on no column of the bundle becomes a one-time filter that
+-- runs before the bundle scan starts, so no bundle is locked before the last job row.
 WITH jobs AS (
     SELECT id FROM {schema}.job
     WHERE id = ANY(%(job_ids)s::uuid[]) AND lease = %(lease)s
@@ -95,15 +103,10 @@ FOR NO KEY UPDATE
 
 -- name: succeed
 -- Fenced batch completion. Returns the ids it completed; the rest had lost their lease.
-WITH {succeed_ctes}
-SELECT d.id
-FROM done d CROSS JOIN sent
-
--- name: succeed_ctes
--- (fragment) pgq_job_stopped carries the ids, at most 200 per notification (payloads stop at
--- 8000 bytes). The inner join to `sent` is what runs the notify: an unused LEFT JOIN would be
--- pruned.
-done AS (
+-- pgq_job_stopped carries the ids, at most 200 per notification (payloads stop at 8000 bytes).
+-- The inner join to `sent` is what runs the notify: a CTE that is not data-modifying runs only
+-- if read, and an unused LEFT JOIN would be pruned.
+WITH done AS (
     UPDATE {schema}.job j
     SET state = 'succeeded', stopped_at = now(), worker_alive_at = NULL, lease = NULL,
         result = r.result, updated_at = now()
@@ -117,22 +120,49 @@ sent AS (
           FROM (SELECT id, (row_number() OVER () - 1) / 200 AS chunk FROM done) k
           GROUP BY k.chunk) c
 )
+SELECT d.id
+FROM done d CROSS JOIN sent
 
 -- name: succeed_and_claim
--- Completes batch k and claims batch k+1 in one statement, one commit: half the round trips
--- of a busy worker. The two updates touch disjoint rows (running vs pending). Rows with
--- `claimed` false are completed ids; the others are the new batch.
-WITH {succeed_ctes},
+-- `succeed` of batch k and `claim` of batch k+1 in one statement, one commit: half the round
+-- trips of a busy worker. `done` and `sent` are succeed's, `claimed` is claim's, word for word
+-- (a test keeps them so); the two updates touch disjoint rows (running vs pending).
+-- One row per claimed job, in claim order, or one row of NULLs when nothing was claimed: the
+-- LEFT JOIN from the one-row `f` makes that row. The first row also carries `done_ids`, the
+-- jobs whose success landed (`f` reads `sent`, which runs the notify).
+WITH done AS (
+    UPDATE {schema}.job j
+    SET state = 'succeeded', stopped_at = now(), worker_alive_at = NULL, lease = NULL,
+        result = r.result, updated_at = now()
+    FROM unnest(%(ids)s::uuid[], %(results)s::jsonb[]) AS r(id, result)
+    WHERE j.id = r.id AND j.state = 'running' AND j.lease = %(done_lease)s
+    RETURNING j.id
+),
+sent AS (
+    SELECT count(pg_notify('pgq_job_stopped', c.ids)) AS n
+    FROM (SELECT string_agg(k.id::text, ',') AS ids
+          FROM (SELECT id, (row_number() OVER () - 1) / 200 AS chunk FROM done) k
+          GROUP BY k.chunk) c
+),
 claimed AS (
-    {claim_update}
+    UPDATE {schema}.job j
+    SET state = 'running', started_at = now(), worker_alive_at = now(), worker_id = %(worker_id)s,
+        lease = %(lease)s, updated_at = now(),
+        max_retry_count = coalesce(
+            j.max_retry_count,
+            (%(max_retry_counts)s::int[])[array_position(%(types)s::text[], j.type)])
+    WHERE j.id = ANY((SELECT {schema}.claim_pick(%(types)s::text[], %(limit)s::int))::uuid[])
+      AND j.started_at IS NULL AND j.stopped_at IS NULL
+    RETURNING j.id, j.type, j.payload, j.priority, j.current_retry_count + 1 AS attempt,
+              j.max_retry_count, j.timeout, j.bundle_id, j.lease, j.created_at
 )
-SELECT false AS claimed, d.id, NULL::text, NULL::jsonb, NULL::int, NULL::int, NULL::int,
-       NULL::float8, NULL::uuid, NULL::uuid
-FROM done d CROSS JOIN sent
-UNION ALL
-SELECT true, c.id, c.type, c.payload, c.priority, c.attempt, c.max_retry_count, c.timeout,
+SELECT CASE WHEN row_number() OVER claim_order = 1 THEN f.done_ids END AS done_ids,
+       c.id, c.type, c.payload, c.priority, c.attempt, c.max_retry_count, c.timeout,
        c.bundle_id, c.lease
-FROM claimed c
+FROM (SELECT coalesce(array_agg(d.id), ARRAY[]::uuid[]) AS done_ids FROM done d CROSS JOIN sent) f
+LEFT JOIN claimed c ON true
+WINDOW claim_order AS (ORDER BY c.priority DESC, c.created_at, c.id)
+ORDER BY c.priority DESC, c.created_at, c.id
 
 -- name: end_attempt
 -- A failed attempt: retry after `delay` seconds if allowed and attempts are left, else failed.
@@ -268,9 +298,9 @@ ORDER BY type, state
 
 -- name: summary_by_origin
 -- Per type and state for the jobs of one origin: count, mean run time, attempts made.
-SELECT type, state, count(*)::int,
-       avg(extract(epoch FROM stopped_at - started_at))::float8,
-       sum(jsonb_array_length(attempts))::int
+SELECT type, state, count(*)::int AS jobs,
+       avg(extract(epoch FROM stopped_at - started_at))::float8 AS mean_seconds,
+       sum(jsonb_array_length(attempts))::int AS failed_attempts
 FROM {schema}.job
 WHERE origin = %(origin)s
 GROUP BY type, state
@@ -279,6 +309,10 @@ ORDER BY type, state
 -- name: durable_commit
 -- This transaction commits synchronously whatever the session says.
 SET LOCAL synchronous_commit = on
+
+-- name: asynchronous_commit
+-- For the session of a worker's own bookkeeping (see db.connect).
+SET synchronous_commit = off
 
 -- name: enqueue_copy
 -- The bulk fast path (no unique_key, no start_at in the batch): COPY skips the per-row

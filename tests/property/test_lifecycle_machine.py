@@ -32,6 +32,7 @@ from hypothesis.stateful import (
 
 import pgq_supervisor as pgq
 from pgq_supervisor import db
+from pgq_supervisor.db import params as db_params
 from pgq_supervisor.jobs import AttemptKind, BundleId, JobId, JobState, LeaseToken
 from tests.property.invariants import SCHEMA, TERMINAL, q, violations
 
@@ -688,7 +689,7 @@ def test_job_lifecycle_state_machine(
     conn: db.Conn, listener: db.Conn, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ids = _sequential_uuids()
-    monkeypatch.setattr(db, "uuid", SimpleNamespace(uuid4=lambda: next(ids), UUID=uuid.UUID))
+    monkeypatch.setattr(db_params, "uuid", SimpleNamespace(uuid4=lambda: next(ids), UUID=uuid.UUID))
 
     class Machine(LifecycleMachine):
         def __init__(self) -> None:

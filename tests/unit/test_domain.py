@@ -85,11 +85,22 @@ def test_every_percent_sign_in_a_query_is_a_placeholder() -> None:
         assert not re.findall(r"%(?!\(\w+\)s|%)", text), name
 
 
+def _queries_the_db_layer_names() -> set[str]:
+    used: set[str] = set()
+    for module in Path(db.__file__).parent.glob("*.py"):
+        for call in re.findall(r"statement\(([^)]*)\)", module.read_text(encoding="utf-8")):
+            used.update(re.findall(r'"(\w+)"', call))
+    return used
+
+
 def test_every_query_the_db_layer_names_exists() -> None:
-    source = (Path(db.__file__)).read_text(encoding="utf-8")
-    used = set(re.findall(r'_q\("(\w+)"', source))
+    used = _queries_the_db_layer_names()
     assert used, "the db layer names no queries?"
     assert used <= sql.query_names()
+
+
+def test_every_query_is_used_by_the_db_layer() -> None:
+    assert sql.query_names() <= _queries_the_db_layer_names()
 
 
 def test_run_inline_validates_and_calls_the_handler() -> None:

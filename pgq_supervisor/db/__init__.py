@@ -1,0 +1,98 @@
+"""The only package that executes SQL. Statements come from sql/queries.sql by name.
+
+Functions here never commit: the caller owns the transaction (or uses an autocommit
+connection). psycopg errors are wrapped once, here, into `DatabaseError`. By concern:
+`connection` (connecting, error mapping), `enqueueing`, `lifecycle` (the worker's side and the
+rescue), `admin`; `params` and `rows` type what goes in and what comes out.
+"""
+
+from pgq_supervisor.db.admin import (
+    cancel,
+    db_now,
+    delete_finished,
+    depth,
+    get_bundle,
+    get_job,
+    list_jobs,
+    queue_stats,
+    reset,
+    retry_failed,
+    summary_by_origin,
+)
+from pgq_supervisor.db.connection import (
+    DEFAULT_SCHEMA,
+    AsyncConn,
+    Conn,
+    connect,
+    connect_at_startup,
+    default_schema,
+    describe_connect_error,
+    durable_commit,
+    is_permanent_connect_error,
+    listen,
+    redact,
+    wrapped,
+)
+from pgq_supervisor.db.enqueueing import (
+    enqueue,
+    enqueue_async,
+    enqueue_many,
+    enqueue_many_params,
+    enqueue_params,
+    insert_bundle,
+)
+from pgq_supervisor.db.lifecycle import (
+    claim,
+    end_attempt,
+    heartbeat,
+    lock_bundles,
+    next_due,
+    release,
+    rescue,
+    succeed,
+    succeed_and_claim,
+)
+from pgq_supervisor.db.params import ClaimArgs, dump_json
+
+__all__ = [
+    "DEFAULT_SCHEMA",
+    "AsyncConn",
+    "ClaimArgs",
+    "Conn",
+    "cancel",
+    "claim",
+    "connect",
+    "connect_at_startup",
+    "db_now",
+    "default_schema",
+    "delete_finished",
+    "depth",
+    "describe_connect_error",
+    "dump_json",
+    "durable_commit",
+    "end_attempt",
+    "enqueue",
+    "enqueue_async",
+    "enqueue_many",
+    "enqueue_many_params",
+    "enqueue_params",
+    "get_bundle",
+    "get_job",
+    "heartbeat",
+    "insert_bundle",
+    "is_permanent_connect_error",
+    "list_jobs",
+    "listen",
+    "lock_bundles",
+    "next_due",
+    "queue_stats",
+    "redact",
+    "release",
+    "rescue",
+    "reset",
+    "retry_failed",
+    "succeed",
+    "succeed_and_claim",
+    "summary_by_origin",
+    "wrapped",
+]

@@ -1,0 +1,146 @@
+"""Administration and reading: cancel, reset, retry, look up, list, purge, count."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+
+from psycopg.rows import scalar_row
+
+from pgq_supervisor.db import rows
+from pgq_supervisor.db.connection import Conn, statement, wrapped
+from pgq_supervisor.db.params import (
+    DeleteFinishedParams,
+    IdParams,
+    ListJobsParams,
+    OlderThanParams,
+    OriginParams,
+    ResetParams,
+    TypeFilterParams,
+)
+from pgq_supervisor.errors import JobNotFound
+from pgq_supervisor.jobs import Bundle, BundleId, JobId, JobRecord, JobState, TypeStats
+
+
+def _job_state(conn: Conn, schema: str, job_id: JobId) -> JobState:
+    params: IdParams = {"id": job_id}
+    with conn.cursor(row_factory=scalar_row) as cur:
+        state: str | None = cur.execute(statement("job_state", schema), params).fetchone()
+    if state is None:
+        raise JobNotFound(f"no job with id {job_id}")
+    return JobState(state)
+
+
+def cancel(conn: Conn, schema: str, job_id: JobId) -> JobState | None:
+    """Cancel a pending job. Returns None when done, else the state that prevented it."""
+    params: IdParams = {"id": job_id}
+    with wrapped():
+        if conn.execute(statement("cancel", schema), params).fetchone() is not None:
+            return None
+        return _job_state(conn, schema, job_id)
+
+
+def reset(conn: Conn, schema: str, job_id: JobId, force: bool) -> JobState | None:
+    """Reset a job to pending. Returns None when done, else the state that prevented it."""
+    params: ResetParams = {"id": job_id, "force": force}
+    with wrapped():
+        if conn.execute(statement("reset", schema), params).fetchone() is not None:
+            return None
+        return _job_state(conn, schema, job_id)
+
+
+def retry_failed(conn: Conn, schema: str, type_: str | None) -> int:
+    params: TypeFilterParams = {"type": type_}
+    with wrapped(), conn.cursor(row_factory=scalar_row) as cur:
+        count: int | None = cur.execute(statement("retry_failed", schema), params).fetchone()
+    return 0 if count is None else int(count)
+
+
+def get_job(conn: Conn, schema: str, job_id: JobId) -> JobRecord:
+    params: IdParams = {"id": job_id}
+    with wrapped(), conn.cursor(row_factory=rows.JOB_RECORD) as cur:
+        job = cur.execute(statement("get_job", schema), params).fetchone()
+    if job is None:
+        raise JobNotFound(f"no job with id {job_id}")
+    return job
+
+
+def get_bundle(conn: Conn, schema: str, bundle_id: BundleId) -> Bundle:
+    params: IdParams = {"id": bundle_id}
+    with wrapped(), conn.cursor(row_factory=rows.BUNDLE) as cur:
+        bundle = cur.execute(statement("get_bundle", schema), params).fetchone()
+    if bundle is None:
+        raise JobNotFound(f"no bundle with id {bundle_id}")
+    return bundle
+
+
+def list_jobs(
+    conn: Conn, schema: str, state: JobState, type_: str | None, limit: int
+) -> list[JobRecord]:
+    params: ListJobsParams = {"state": state.value, "type": type_, "limit": limit}
+    with wrapped(), conn.cursor(row_factory=rows.JOB_RECORD) as cur:
+        return cur.execute(statement("list_jobs", schema), params).fetchall()
+
+
+def delete_finished(
+    conn: Conn,
+    schema: str,
+    older_than: float,
+    states: Sequence[JobState],
+    batch: int = 5000,
+    max_rows: int | None = None,
+) -> int:
+    """Delete finished jobs in batches, each in its own transaction when autocommit is on.
+
+    Stops after about `max_rows` (whole batches) when given, so a caller with a loop to keep
+    can bound how long one call takes; a result >= max_rows means more may be left.
+    """
+    total = 0
+    params: DeleteFinishedParams = {
+        "states": [s.value for s in states],
+        "older_than": older_than,
+        "limit": batch,
+    }
+    bundles: OlderThanParams = {"older_than": older_than}
+    with wrapped():
+        while True:
+            n = conn.execute(statement("delete_finished", schema), params).rowcount
+            total += max(n, 0)
+            if n < batch or (max_rows is not None and total >= max_rows):
+                break
+        conn.execute(statement("delete_empty_bundles", schema), bundles)
+    return total
+
+
+def queue_stats(conn: Conn, schema: str, *, active_only: bool = False) -> list[TypeStats]:
+    """Counts per type and state; `active_only` reads just pending and running jobs (cheap)."""
+    with wrapped(), conn.cursor(row_factory=rows.TYPE_STATS) as cur:
+        return cur.execute(
+            statement("active_stats" if active_only else "queue_stats", schema)
+        ).fetchall()
+
+
+def depth(conn: Conn, schema: str, type_: str | None = None) -> int:
+    params: TypeFilterParams = {"type": type_}
+    with wrapped(), conn.cursor(row_factory=scalar_row) as cur:
+        count: int | None = cur.execute(statement("depth", schema), params).fetchone()
+    return 0 if count is None else int(count)
+
+
+def db_now(conn: Conn, schema: str) -> datetime:
+    with wrapped(), conn.cursor(row_factory=scalar_row) as cur:
+        now: datetime | None = cur.execute(statement("now", schema)).fetchone()
+    assert now is not None
+    return now
+
+
+def summary_by_origin(
+    conn: Conn, schema: str, origin: str
+) -> list[tuple[str, JobState, int, float | None, int]]:
+    """(type, state, count, mean seconds, failed attempts) for the jobs of one origin."""
+    params: OriginParams = {"origin": origin}
+    with wrapped(), conn.cursor(row_factory=rows.ORIGIN_SUMMARY) as cur:
+        summary: list[rows.OriginSummary] = cur.execute(
+            statement("summary_by_origin", schema), params
+        ).fetchall()
+    return list(summary)

@@ -1,0 +1,134 @@
+"""Connections: opening them, naming their errors, and turning psycopg's errors into ours."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
+from psycopg.rows import TupleRow
+
+from pgq_supervisor import sql as queries
+from pgq_supervisor.backoff import Backoff
+from pgq_supervisor.errors import DatabaseError, DatabaseUnavailable, InvalidInput
+
+Conn = psycopg.Connection[TupleRow]
+AsyncConn = psycopg.AsyncConnection[TupleRow]
+
+DEFAULT_SCHEMA = "pgq"
+
+
+def default_schema() -> str:
+    return os.environ.get("PGQ_SCHEMA") or DEFAULT_SCHEMA
+
+
+def statement(name: str, schema: str) -> bytes:
+    """The named statement of sql/queries.sql, bound to `schema`, rendered once."""
+    return queries.query_bytes(name, schema)
+
+
+@contextlib.contextmanager
+def wrapped() -> Iterator[None]:
+    """Turn psycopg's errors into ours, once, at the database boundary."""
+    try:
+        yield
+    except pg_errors.UniqueViolation as exc:
+        raise InvalidInput(f"unique_key conflict: {exc.diag.message_detail or exc}") from exc
+    except pg_errors.CheckViolation as exc:
+        raise InvalidInput(f"rejected by the database: {exc.diag.message_primary}") from exc
+    except psycopg.Error as exc:
+        raise DatabaseError(f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]}") from exc
+
+
+def describe_connect_error(exc: psycopg.OperationalError) -> str:
+    """One line that tells wrong host, wrong password and missing database apart."""
+    text = str(exc).strip()
+    low = text.lower()
+    if "password authentication failed" in low or "no password supplied" in low:
+        kind = "authentication failed (wrong user or password)"
+    elif "does not exist" in low and "database" in low:
+        kind = "database does not exist"
+    elif "role" in low and "does not exist" in low:
+        kind = "user does not exist"
+    elif any(s in low for s in ("could not translate host", "name or service not known")):
+        kind = "unknown host"
+    elif any(s in low for s in ("connection refused", "no such file or directory", "timeout")):
+        kind = "server not reachable"
+    else:
+        kind = "cannot connect"
+    detail = next((ln for ln in reversed(text.splitlines()) if ln.strip()), text)
+    return f"{kind}: {detail.strip()}"
+
+
+def is_permanent_connect_error(exc: psycopg.OperationalError) -> bool:
+    """Wrong password, user or database: retrying will not help."""
+    low = str(exc).lower()
+    return "authentication failed" in low or "does not exist" in low or "no password" in low
+
+
+def connect(
+    dsn: str,
+    *,
+    autocommit: bool = True,
+    application_name: str = "pgq_supervisor",
+    synchronous_commit: bool = True,
+) -> Conn:
+    """A connection. `synchronous_commit=False` is for the queue's own bookkeeping only (claims,
+    heartbeats, completions): a commit lost in a server crash then means the job runs again,
+    never that it is lost. Behind PgBouncer in transaction mode a session SET would leak to
+    other clients, so such deployments keep it on (setting `worker_synchronous_commit`)."""
+    with wrapped():
+        conn = psycopg.connect(dsn, autocommit=autocommit, application_name=application_name)
+        if not synchronous_commit:
+            conn.execute(statement("asynchronous_commit", DEFAULT_SCHEMA))
+        return conn
+
+
+def redact(dsn: str) -> str:
+    """The DSN without its password, for logs and process titles."""
+    try:
+        params = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        return "<unparsable dsn>"
+    params.pop("password", None)
+    return " ".join(f"{k}={v}" for k, v in params.items())
+
+
+def connect_at_startup(dsn: str, timeout: float) -> Conn:
+    """Connect, retrying a database that is not reachable yet for up to `timeout` seconds.
+
+    Wrong password, unknown user and missing database fail at once: waiting cannot fix them.
+    Raises DatabaseUnavailable with one line that says which it was.
+    """
+    backoff = Backoff(initial=0.2, maximum=2.0)
+    try:
+        return backoff.retry(
+            lambda: psycopg.connect(
+                dsn, autocommit=True, application_name="pgq-supervisor", connect_timeout=5
+            ),
+            retry_on=psycopg.OperationalError,
+            deadline=backoff.clock() + timeout,
+            give_up=lambda exc: (
+                isinstance(exc, psycopg.OperationalError) and is_permanent_connect_error(exc)
+            ),
+        )
+    except psycopg.OperationalError as exc:
+        raise DatabaseUnavailable(
+            f"cannot connect to {redact(dsn)}: {describe_connect_error(exc)}"
+        ) from exc
+
+
+def durable_commit(conn: Conn) -> None:
+    """Make the open transaction commit synchronously (the session may have it off)."""
+    with wrapped():
+        conn.execute(statement("durable_commit", DEFAULT_SCHEMA))
+
+
+def listen(conn: Conn, channel: str) -> None:
+    """LISTEN on `channel` (an identifier, quoted here)."""
+    with wrapped():
+        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))

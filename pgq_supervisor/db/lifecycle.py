@@ -1,0 +1,199 @@
+"""The worker's side: claim, heartbeat, complete, fail, release; and the rescue of dead ones.
+
+Every write about a claimed job is fenced by its lease: it lands only while the job is still
+running under that lease.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from psycopg.rows import scalar_row
+
+from pgq_supervisor.db import rows
+from pgq_supervisor.db.connection import Conn, statement, wrapped
+from pgq_supervisor.db.params import (
+    ClaimParams,
+    EndAttemptParams,
+    HeartbeatParams,
+    LockBundlesParams,
+    ReleaseParams,
+    RescueParams,
+    SucceedAndClaimParams,
+    SucceedParams,
+    TypesParams,
+    dump_json,
+    new_id,
+)
+from pgq_supervisor.jobs import (
+    AttemptKind,
+    BundleId,
+    EndedAttempt,
+    Job,
+    JobId,
+    JsonValue,
+    LeaseToken,
+)
+
+
+def _claim_params(
+    worker_id: str, types: Sequence[str], max_retry_counts: Sequence[int], limit: int
+) -> ClaimParams:
+    return {
+        "worker_id": worker_id,
+        "types": list(types),
+        "max_retry_counts": list(max_retry_counts),
+        "limit": limit,
+        "lease": LeaseToken(new_id()),
+    }
+
+
+def claim(
+    conn: Conn,
+    schema: str,
+    *,
+    worker_id: str,
+    types: Sequence[str],
+    max_retry_counts: Sequence[int],
+    limit: int,
+) -> list[Job]:
+    """Up to `limit` jobs of `types`, now running under one fresh lease, in the order to run
+    them (highest priority, then oldest). `max_retry_counts[i]` is the default of `types[i]`."""
+    params = _claim_params(worker_id, types, max_retry_counts, limit)
+    with wrapped(), conn.cursor(row_factory=rows.JOB) as cur:
+        return cur.execute(statement("claim", schema), params).fetchall()
+
+
+def heartbeat(conn: Conn, schema: str, ids: Sequence[JobId], lease: LeaseToken) -> set[JobId]:
+    """Refresh `worker_alive_at`; returns the ids still held (the others lost their lease)."""
+    params: HeartbeatParams = {"ids": list(ids), "lease": lease}
+    with wrapped(), conn.cursor(row_factory=scalar_row) as cur:
+        return set(cur.execute(statement("heartbeat", schema), params).fetchall())
+
+
+def lock_bundles(
+    conn: Conn,
+    schema: str,
+    bundle_ids: Sequence[BundleId],
+    job_ids: Sequence[JobId] = (),
+    lease: LeaseToken | None = None,
+) -> None:
+    """Lock the batch's job rows (those still under `lease`), then the bundles, in id order."""
+    params: LockBundlesParams = {
+        "ids": sorted(set(bundle_ids)),
+        "job_ids": sorted(job_ids),
+        "lease": lease,
+    }
+    with wrapped():
+        conn.execute(statement("lock_bundles", schema), params).fetchall()
+
+
+def _succeed_params(
+    lease: LeaseToken, results: Sequence[tuple[JobId, str | None]]
+) -> SucceedParams:
+    return {
+        "ids": [r[0] for r in results],
+        "results": [r[1] for r in results],
+        "done_lease": lease,
+    }
+
+
+def succeed(
+    conn: Conn, schema: str, lease: LeaseToken, results: Sequence[tuple[JobId, str | None]]
+) -> set[JobId]:
+    """Mark jobs succeeded with their (JSON-text) results; returns the ids still held."""
+    params = _succeed_params(lease, results)
+    with wrapped(), conn.cursor(row_factory=scalar_row) as cur:
+        return set(cur.execute(statement("succeed", schema), params).fetchall())
+
+
+def succeed_and_claim(
+    conn: Conn,
+    schema: str,
+    lease: LeaseToken,
+    results: Sequence[tuple[JobId, str | None]],
+    *,
+    worker_id: str,
+    types: Sequence[str],
+    max_retry_counts: Sequence[int],
+    limit: int,
+) -> tuple[set[JobId], list[Job]]:
+    """`succeed` for one lease's jobs and `claim` of the next batch, in one statement.
+
+    The jobs must have no bundle (their counters need the bundle rows locked in order first).
+    """
+    params: SucceedAndClaimParams = {
+        **_succeed_params(lease, results),
+        **_claim_params(worker_id, types, max_retry_counts, limit),
+    }
+    with wrapped(), conn.cursor(row_factory=rows.DONE_AND_CLAIMED) as cur:
+        claimed = cur.execute(statement("succeed_and_claim", schema), params).fetchall()
+    done_ids = claimed[0][0]  # there is always a row, and the first carries done_ids
+    assert done_ids is not None
+    return set(done_ids), [job for _, job in claimed if job is not None]
+
+
+def end_attempt(
+    conn: Conn,
+    schema: str,
+    ids: Sequence[JobId],
+    *,
+    error: str,
+    kind: AttemptKind,
+    lease: LeaseToken | None = None,
+    worker_id: str | None = None,
+    error_data: JsonValue = None,
+    allow_retry: bool = True,
+    delay: float = 0.0,
+) -> list[EndedAttempt]:
+    params: EndAttemptParams = {
+        "ids": list(ids),
+        "lease": lease,
+        "worker_id": worker_id,
+        # an empty message would leave the row unreadable; keep a placeholder. A NUL (text
+        # cannot hold one) would make the write fail and the attempt go unrecorded.
+        "error": error.replace("\x00", "\\x00").strip() or "(no error message)",
+        "error_data": None if error_data is None else dump_json(error_data, "error_data"),
+        "kind": kind.value,
+        "allow_retry": allow_retry,
+        "delay": max(0.0, delay),
+    }
+    with wrapped(), conn.cursor(row_factory=rows.ENDED_ATTEMPT) as cur:
+        return cur.execute(statement("end_attempt", schema), params).fetchall()
+
+
+def release(
+    conn: Conn,
+    schema: str,
+    *,
+    ids: Sequence[JobId] | None = None,
+    lease: LeaseToken | None = None,
+    worker_id: str | None = None,
+) -> list[JobId]:
+    if ids is None and lease is None and worker_id is None:
+        raise ValueError("release needs ids, a lease or a worker id")
+    params: ReleaseParams = {
+        "ids": None if ids is None else list(ids),
+        "lease": lease,
+        "worker_id": worker_id,
+    }
+    with wrapped(), conn.cursor(row_factory=scalar_row) as cur:
+        return cur.execute(statement("release", schema), params).fetchall()
+
+
+def rescue(conn: Conn, schema: str, *, dead_after: float, limit: int = 1000) -> list[EndedAttempt]:
+    params: RescueParams = {
+        "dead_after": dead_after,
+        "limit": limit,
+        "error": f"worker died: no heartbeat for {dead_after:g} s",
+    }
+    with wrapped(), conn.cursor(row_factory=rows.ENDED_ATTEMPT) as cur:
+        return cur.execute(statement("rescue", schema), params).fetchall()
+
+
+def next_due(conn: Conn, schema: str, types: Sequence[str]) -> float | None:
+    """Seconds until the earliest delayed job of `types` becomes eligible (None: there is none)."""
+    params: TypesParams = {"types": list(types)}
+    with wrapped(), conn.cursor(row_factory=scalar_row) as cur:
+        seconds: float | None = cur.execute(statement("next_due", schema), params).fetchone()
+    return None if seconds is None else float(seconds)

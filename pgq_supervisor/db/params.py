@@ -1,0 +1,233 @@
+"""The parameters of each statement, by name, as psycopg receives them (a plain dict at run time).
+
+`PARAMS` pairs each statement of sql/queries.sql with its type; a test checks that the keys are
+exactly the statement's `%(name)s` placeholders.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Sequence
+from datetime import datetime
+from typing import TypedDict
+
+from pgq_supervisor.errors import InvalidInput
+from pgq_supervisor.jobs import BundleId, JobId, LeaseToken
+
+# A \u0000 escape not itself escaped (an even run of backslashes before it): jsonb rejects it.
+_JSON_NUL_RE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def new_id() -> uuid.UUID:
+    """A fresh random id (job, bundle, lease). The one place that makes them: a test replaces
+    `uuid` here to make them sequential."""
+    return uuid.uuid4()
+
+
+def dump_json(value: object, what: str = "payload") -> str:
+    try:
+        text = json.dumps(value, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInput(f"{what} is not JSON-serializable: {exc}") from exc
+    if _JSON_NUL_RE.search(text):
+        # Caught here, not by the server: in a batch one such value would fail the statement
+        # for every job in it.
+        raise InvalidInput(f"{what} contains a NUL character (\\u0000), which jsonb cannot store")
+    return text
+
+
+# ---- enqueue --------------------------------------------------------------------------------
+
+
+class EnqueueRow(TypedDict):
+    """`enqueue` and `enqueue_unique` (the first ignores unique_key)."""
+
+    id: uuid.UUID
+    type: str
+    payload: str
+    priority: int
+    start_at: datetime | None
+    max_retry_count: int | None
+    unique_key: str | None
+    origin: str | None
+    timeout: float | None
+
+
+class EnqueueManyParams(TypedDict):
+    """`enqueue_many`: one array per column, in input order (also the rows of `enqueue_copy`)."""
+
+    bundle_id: BundleId | None
+    ids: list[uuid.UUID]
+    types: list[str]
+    payloads: list[str]
+    priorities: list[int]
+    start_ats: list[datetime | None]
+    max_retry_counts: list[int | None]
+    unique_keys: list[str | None]
+    origins: list[str | None]
+    timeouts: list[float | None]
+
+
+class UniqueKeysParams(TypedDict):
+    keys: list[str | None]
+
+
+class BundleParams(TypedDict):
+    id: uuid.UUID
+    type: str
+    origin: str | None
+    num_jobs: int
+    on_complete: str | None
+
+
+# ---- worker side ----------------------------------------------------------------------------
+
+
+class ClaimArgs(TypedDict):
+    """What a worker passes to `claim` and `succeed_and_claim` as keywords."""
+
+    worker_id: str
+    types: Sequence[str]
+    max_retry_counts: Sequence[int]
+    limit: int
+
+
+class ClaimParams(TypedDict):
+    """`claim`: `max_retry_counts[i]` is the default of `types[i]`; `lease` is the batch's."""
+
+    worker_id: str
+    types: list[str]
+    max_retry_counts: list[int]
+    limit: int
+    lease: LeaseToken
+
+
+class SucceedParams(TypedDict):
+    """`succeed`: `results[i]` (JSON text) is the result of `ids[i]`."""
+
+    ids: list[JobId]
+    results: list[str | None]
+    done_lease: LeaseToken
+
+
+class SucceedAndClaimParams(SucceedParams, ClaimParams):
+    pass
+
+
+class HeartbeatParams(TypedDict):
+    ids: list[JobId]
+    lease: LeaseToken
+
+
+class LockBundlesParams(TypedDict):
+    ids: list[BundleId]
+    job_ids: list[JobId]
+    lease: LeaseToken | None
+
+
+class EndAttemptParams(TypedDict):
+    ids: list[JobId]
+    lease: LeaseToken | None
+    worker_id: str | None
+    error: str
+    error_data: str | None
+    kind: str
+    allow_retry: bool
+    delay: float
+
+
+class ReleaseParams(TypedDict):
+    """NULL filters match everything."""
+
+    ids: list[JobId] | None
+    lease: LeaseToken | None
+    worker_id: str | None
+
+
+class RescueParams(TypedDict):
+    dead_after: float
+    limit: int
+    error: str
+
+
+class TypesParams(TypedDict):
+    types: list[str]
+
+
+# ---- administration -------------------------------------------------------------------------
+
+
+class IdParams(TypedDict):
+    id: uuid.UUID
+
+
+class ResetParams(TypedDict):
+    id: JobId
+    force: bool
+
+
+class TypeFilterParams(TypedDict):
+    """`type` NULL means every type."""
+
+    type: str | None
+
+
+class ListJobsParams(TypedDict):
+    state: str
+    type: str | None
+    limit: int
+
+
+class DeleteFinishedParams(TypedDict):
+    states: list[str]
+    older_than: float
+    limit: int
+
+
+class OlderThanParams(TypedDict):
+    older_than: float
+
+
+class OriginParams(TypedDict):
+    origin: str
+
+
+class NoParams(TypedDict):
+    pass
+
+
+PARAMS: dict[str, type] = {
+    "enqueue": EnqueueRow,
+    "enqueue_unique": EnqueueRow,
+    "enqueue_many": EnqueueManyParams,
+    "enqueue_copy": NoParams,
+    "unfinished_by_unique_keys": UniqueKeysParams,
+    "insert_bundle": BundleParams,
+    "claim": ClaimParams,
+    "heartbeat": HeartbeatParams,
+    "lock_bundles": LockBundlesParams,
+    "succeed": SucceedParams,
+    "succeed_and_claim": SucceedAndClaimParams,
+    "end_attempt": EndAttemptParams,
+    "release": ReleaseParams,
+    "rescue": RescueParams,
+    "next_due": TypesParams,
+    "cancel": IdParams,
+    "reset": ResetParams,
+    "retry_failed": TypeFilterParams,
+    "get_job": IdParams,
+    "job_state": IdParams,
+    "get_bundle": IdParams,
+    "list_jobs": ListJobsParams,
+    "delete_finished": DeleteFinishedParams,
+    "delete_empty_bundles": OlderThanParams,
+    "queue_stats": NoParams,
+    "active_stats": NoParams,
+    "depth": TypeFilterParams,
+    "now": NoParams,
+    "summary_by_origin": OriginParams,
+    "durable_commit": NoParams,
+    "asynchronous_commit": NoParams,
+}
