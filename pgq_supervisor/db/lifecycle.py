@@ -126,11 +126,11 @@ def succeed_and_claim(
         **_succeed_params(lease, results),
         **_claim_params(worker_id, types, max_retry_counts, limit),
     }
-    with wrapped(), conn.cursor(row_factory=rows.DONE_AND_CLAIMED) as cur:
-        claimed = cur.execute(statement("succeed_and_claim", schema), params).fetchall()
-    done_ids = claimed[0][0]  # there is always a row, and the first carries done_ids
-    assert done_ids is not None
-    return set(done_ids), [job for _, job in claimed if job is not None]
+    with wrapped(), conn.cursor(row_factory=rows.DoneAndClaimedRow(params["lease"])) as cur:
+        row = cur.execute(statement("succeed_and_claim", schema), params).fetchone()
+    assert row is not None  # an aggregate without GROUP BY: always one row
+    done_ids, jobs = row
+    return set(done_ids), jobs
 
 
 def end_attempt(

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from itertools import repeat
 from operator import itemgetter
 from typing import TYPE_CHECKING, Generic, NamedTuple, Protocol, TypeVar
 
@@ -26,6 +27,7 @@ from pgq_supervisor.jobs import (
     JobId,
     JobRecord,
     JobState,
+    LeaseToken,
     TypeStats,
 )
 
@@ -137,46 +139,58 @@ TYPE_STATS = NamedRow(TypeStats, state=_state)
 ORIGIN_SUMMARY = NamedRow(OriginSummary, state=_state, failed_attempts=_zero_if_null)
 UNIQUE_HOLDER = NamedRow(UniqueHolder)
 
-DoneAndClaimed = tuple[list[JobId] | None, Job | None]
+DoneAndClaimed = tuple[list[JobId], list[Job]]
 
 
 class DoneAndClaimedRow:
-    """`succeed_and_claim`: each row is a claimed job (or None: nothing was claimed), and the
-    first also carries `done_ids`, the jobs whose success was written."""
+    """`succeed_and_claim`'s one row: `done_ids`, the jobs whose success landed, and the claimed
+    jobs as one array per field of Job, each named after its field; `lease` is not among them
+    (the batch's lease is the statement's own parameter), so a factory is made per batch."""
 
-    columns = ("done_ids", *JOB.columns)
+    columns = ("done_ids", *(c for c in JOB.columns if c != "lease"))
+    _positions: dict[tuple[bytes, ...], tuple[int, list[int | None]]] = {}
 
-    def __init__(self) -> None:
-        self._makers: dict[tuple[bytes, ...], RowMaker[DoneAndClaimed]] = {}
+    def __init__(self, lease: LeaseToken) -> None:
+        self.lease = lease
 
     def __call__(self, cursor: _WithResult) -> RowMaker[DoneAndClaimed]:
         shape = _shape(cursor)
         if shape is None:
             return no_result
-        maker = self._makers.get(shape)
-        if maker is None:
-            maker = self._makers[shape] = self._maker(cursor, shape)
-        return maker
-
-    @staticmethod
-    def _maker(cursor: _WithResult, shape: tuple[bytes, ...]) -> RowMaker[DoneAndClaimed]:
-        job = JOB(cursor)
-        done, job_id = shape.index(b"done_ids"), shape.index(b"id")
+        if shape not in self._positions:
+            self._positions[shape] = self._locate([name.decode() for name in shape])
+        done, positions = self._positions[shape]
+        lease = self.lease
 
         def make(values: Sequence[object]) -> DoneAndClaimed:
             done_ids = values[done]
-            assert done_ids is None or isinstance(done_ids, list)
-            return done_ids, (None if values[job_id] is None else job(values))
+            assert isinstance(done_ids, list)
+            fields: list[Iterable[object]] = []
+            for p in positions:
+                column = repeat(lease) if p is None else values[p]
+                if column is None:  # nothing claimed: array_agg of no rows is NULL
+                    return done_ids, []
+                assert isinstance(column, list | repeat)
+                fields.append(column)
+            # the arrays have one length; repeat(lease) has none
+            return done_ids, [Job(*job) for job in zip(*fields, strict=False)]
 
         return make
 
+    @classmethod
+    def _locate(cls, names: list[str]) -> tuple[int, list[int | None]]:
+        missing = [c for c in cls.columns if c not in names]
+        if missing:
+            raise TypeError(f"succeed_and_claim needs columns {missing}; the result has {names}")
+        return names.index("done_ids"), [
+            None if c == "lease" else names.index(c) for c in JOB.columns
+        ]
 
-DONE_AND_CLAIMED = DoneAndClaimedRow()
 
 # Statement -> the columns its rows must have, exactly (checked against the server by a test).
 ROWS: dict[str, tuple[str, ...]] = {
     "claim": JOB.columns,
-    "succeed_and_claim": DONE_AND_CLAIMED.columns,
+    "succeed_and_claim": DoneAndClaimedRow.columns,
     "get_job": JOB_RECORD.columns,
     "list_jobs": JOB_RECORD.columns,
     "insert_bundle": BUNDLE.columns,

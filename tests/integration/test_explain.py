@@ -135,3 +135,17 @@ def test_rescue_reads_running_jobs_through_job_running_idx(conn: Conn) -> None:
     scans = _job_scans(nodes)
     assert scans, nodes
     assert [s.get("Index Name") for s in scans] == ["job_running_idx"], scans
+
+
+def test_succeed_and_claim_reads_jobs_by_index_only(conn: Conn) -> None:
+    _fill(conn)
+    nodes = _plan(
+        conn,
+        "succeed_and_claim",
+        {"types": ["a"], "max_retry_counts": [3], "limit": 10, "worker_id": "w",
+         "lease": uuid.uuid4(), "ids": [uuid.uuid4()], "results": [None],
+         "done_lease": uuid.uuid4()},
+    )  # fmt: skip
+    assert [n.get("Subplan Name") for n in nodes if n.get("Parent Relationship") == "InitPlan"]
+    assert "job_pkey" in {n.get("Index Name") for n in nodes}, nodes
+    assert not [n for n in _job_scans(nodes) if n["Node Type"] == "Seq Scan"], nodes

@@ -56,4 +56,4 @@ def test_succeed_and_claim_runs_the_very_updates_of_succeed_and_claim() -> None:
         assert _cte(both, cte) == _cte(source, cte), cte
     # and both give the batch the same order
     order = "ORDER BY c.priority DESC, c.created_at, c.id"
-    assert claim.endswith(order) and both.endswith(order)
+    assert claim.endswith(order) and f"FROM claimed c {order}) c" in both
