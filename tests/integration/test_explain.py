@@ -135,3 +135,20 @@ def test_rescue_reads_running_jobs_through_job_running_idx(conn: Conn) -> None:
     scans = _job_scans(nodes)
     assert scans, nodes
     assert [s.get("Index Name") for s in scans] == ["job_running_idx"], scans
+
+
+def test_waiters_and_progress_writes_find_jobs_by_index(conn: Conn) -> None:
+    _fill(conn)
+    ids = [uuid.uuid4() for _ in range(3)]
+    cases: list[tuple[LiteralString, dict[str, object]]] = [
+        ("job_states", {"ids": ids}),
+        ("get_jobs", {"ids": ids}),
+        ("set_progress", {"ids": ids, "leases": ids, "progress": ["0.5"] * 3}),
+    ]
+    for name, params in cases:
+        nodes = _plan(conn, name, params)
+        assert not [n for n in _job_scans(nodes) if n["Node Type"] == "Seq Scan"], name
+        used = {n["Index Name"] for n in nodes if "Index Name" in n}
+        # the running jobs are few (what workers hold): their index will do as well
+        allowed = {"job_pkey", "job_running_idx"} if name == "set_progress" else {"job_pkey"}
+        assert used and used <= allowed, (name, used)
