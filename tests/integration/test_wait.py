@@ -291,3 +291,25 @@ def test_a_job_not_finished_in_a_claimed_batch_keeps_its_waiter(conn: Conn) -> N
     assert unfinished in ids
     with pytest.raises(TimeoutError):
         pgq.wait(conn, unfinished, timeout=0.2)
+
+
+def test_bundled_jobs_and_their_completion_job_wake_their_waiters(
+    conn: Conn, waiting_on: StartWaiter
+) -> None:
+    registry = _registry()
+
+    @registry.handler("done")
+    def done(payload: dict[str, str]) -> str:
+        return payload["bundle_id"]
+
+    bundle = pgq.enqueue_bundle(conn, "b", [pgq.NewJob("t", {"n": i}) for i in range(2)],
+                                on_complete="done")  # fmt: skip
+    ids = [r[0] for r in conn.execute("SELECT id FROM pgq.job ORDER BY created_at").fetchall()]
+    bg = waiting_on(ids)
+    testing.drain(conn, registry, ignore=["done"])
+    assert [r.state for r in _records(bg)] == [JobState.SUCCEEDED] * 2
+    (completion,) = conn.execute("SELECT id FROM pgq.job WHERE type = 'done'").fetchall()
+    bg = waiting_on([completion[0]])
+    testing.drain(conn, registry)
+    (record,) = _records(bg)
+    assert record.result == str(bundle.id)
