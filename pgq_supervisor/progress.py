@@ -91,8 +91,11 @@ class ProgressBuffer:
 
     def put(self, job: Job, text: str) -> None:
         with self._lock:
+            new = job.id not in self._latest
             self._latest[job.id] = (job.lease, text)
-        if self._on_put is not None:
+        # A value already waiting has its write scheduled: waking the writer for every report
+        # of a tight loop would only make it spin.
+        if new and self._on_put is not None:
             self._on_put()
 
     def next_due(self) -> float | None:

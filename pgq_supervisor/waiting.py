@@ -60,11 +60,11 @@ def _statements(channels: list[str], verb: str) -> list[sql.Composed]:
 def _listening(conn: db.Conn, channels: list[str]) -> Iterator[None]:
     _check_idle(conn.info.transaction_status)
     was_autocommit = conn.autocommit
-    with db.wrapped():
-        conn.autocommit = True
-        for stmt in _statements(channels, "LISTEN"):
-            conn.execute(stmt)
     try:
+        with db.wrapped():
+            conn.autocommit = True
+            for stmt in _statements(channels, "LISTEN"):
+                conn.execute(stmt)
         yield
     finally:
         if not conn.closed and conn.info.transaction_status == TransactionStatus.IDLE:
@@ -78,11 +78,11 @@ def _listening(conn: db.Conn, channels: list[str]) -> Iterator[None]:
 async def _listening_async(conn: db.AsyncConn, channels: list[str]) -> AsyncIterator[None]:
     _check_idle(conn.info.transaction_status)
     was_autocommit = conn.autocommit
-    with db.wrapped():
-        await conn.set_autocommit(True)
-        for stmt in _statements(channels, "LISTEN"):
-            await conn.execute(stmt)
     try:
+        with db.wrapped():
+            await conn.set_autocommit(True)
+            for stmt in _statements(channels, "LISTEN"):
+                await conn.execute(stmt)
         yield
     finally:
         if not conn.closed and conn.info.transaction_status == TransactionStatus.IDLE:
