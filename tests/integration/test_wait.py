@@ -313,3 +313,18 @@ def test_bundled_jobs_and_their_completion_job_wake_their_waiters(
     testing.drain(conn, registry)
     (record,) = _records(bg)
     assert record.result == str(bundle.id)
+
+
+def test_a_lost_notification_is_made_up_by_the_safety_reread(
+    conn: Conn, dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(waiting, "SAFETY_RECHECK", 0.2)
+    job_id = pgq.enqueue(conn, "t")
+    bg = Background(dsn, lambda c: pgq.wait(c, job_id, timeout=DEADLINE))
+    _until(lambda: _waiters_asleep(conn))
+    # ended behind the queue's back: no notification is sent
+    conn.execute(
+        "UPDATE pgq.job SET state = 'cancelled', stopped_at = now() WHERE id = %s", (job_id,)
+    )
+    record = bg.result()
+    assert isinstance(record, JobRecord) and record.state is JobState.CANCELLED
