@@ -37,6 +37,7 @@ from pgq_supervisor.jobs import (
     TypeStats,
 )
 from pgq_supervisor.registry import Registry, RetryPolicy
+from pgq_supervisor.waiting import wait, wait_async, wait_many, wait_many_async
 
 __all__ = [
     "Bundle",
@@ -71,4 +72,8 @@ __all__ = [
     "queue_stats",
     "reset_job",
     "retry_failed",
+    "wait",
+    "wait_async",
+    "wait_many",
+    "wait_many_async",
 ]

@@ -1,4 +1,4 @@
-"""Administrative commands: status, depth, jobs, retry, cancel, purge.
+"""Administrative commands: status, depth, jobs, show, retry, cancel, purge.
 
 Readable tables by default, one JSON document on stdout with `--json` (for scripts). Errors are
 raised as the package's own exceptions and cli.main prints each as one line:
@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import TypeVar
 
 from pgq_supervisor import db
+from pgq_supervisor.admin_show import cmd_show, progress_cell
 from pgq_supervisor.connect import open_db
 from pgq_supervisor.errors import InvalidInput, InvalidTransition
 from pgq_supervisor.jobs import (
@@ -29,7 +30,7 @@ from pgq_supervisor.jobs import (
 )
 from pgq_supervisor.settings import Settings, parse_duration
 
-COMMANDS: tuple[str, ...] = ("status", "depth", "jobs", "retry", "cancel", "purge")
+COMMANDS: tuple[str, ...] = ("status", "depth", "jobs", "show", "retry", "cancel", "purge")
 
 Parser = TypeVar("Parser", bound=argparse.ArgumentParser)
 
@@ -57,6 +58,10 @@ def add_commands(sub: argparse._SubParsersAction[Parser], common: Parser) -> Non
     p.add_argument("--type", type=_job_type, help="only this job type")
     p.add_argument("--limit", type=_limit, default=20, help="most recent N (default 20)")
     p.set_defaults(handler=cmd_jobs)
+
+    p = sub.add_parser("show", parents=parents, help="one job in full, with its attempt history")
+    p.add_argument("id", type=_job_id)
+    p.set_defaults(handler=cmd_show)
 
     p = sub.add_parser("retry", parents=parents, help="put a finished job (or all failed) back")
     which = p.add_mutually_exclusive_group(required=True)
@@ -169,12 +174,14 @@ def cmd_jobs(args: argparse.Namespace, settings: Settings) -> int:
             str(j.id),
             j.type,
             str(attempts_made(j)),
+            progress_cell(j.progress),
             _age(_seconds(now, j.updated_at)) + " ago",
             _one_line(j.error_msg or "", ERROR_WIDTH),
         ]
         for j in jobs
     ]
-    print(_table(["ID", "TYPE", "ATTEMPTS", "UPDATED", "LAST ERROR"], body, left=2))
+    headers = ["ID", "TYPE", "ATTEMPTS", "PROGRESS", "UPDATED", "LAST ERROR"]
+    print(_table(headers, body, left=2))
     return 0
 
 
@@ -306,6 +313,7 @@ def _job_json(job: JobRecord) -> dict[str, JsonValue]:
         "max_retry_count": job.max_retry_count,
         "error": job.error_msg,
         "priority": job.priority,
+        "progress": job.progress,
         "created_at": job.created_at.isoformat(),
         "updated_at": job.updated_at.isoformat(),
         "stopped_at": job.stopped_at.isoformat() if job.stopped_at else None,

@@ -24,6 +24,7 @@ from pgq_supervisor.jobs import (
     NewJob,
     TypeStats,
 )
+from pgq_supervisor.waiting import wait, wait_async
 
 if TYPE_CHECKING:
     # imported lazily: worker children import this package and never need the pool
@@ -258,3 +259,31 @@ class Producer:
     ) -> JobId:
         async with self._async_pool().connection() as conn, conn.transaction():
             return await enqueue_async(conn, type, payload, schema=self._schema, **options)
+
+    def enqueue_and_wait(
+        self,
+        type: str,
+        payload: JsonValue = None,
+        *,
+        wait_timeout: float | None = None,
+        **options: Unpack[EnqueueOptions],
+    ) -> JobRecord:
+        """Enqueue (committed), then `pgq.wait` for the job on a pooled connection, which is
+        held for the whole wait. TimeoutError after `wait_timeout` seconds: the job itself is
+        left alone (it still runs; cancel it if it should not)."""
+        job_id = self.enqueue(type, payload, **options)
+        with self._sync_pool().connection() as conn:
+            return wait(conn, job_id, wait_timeout, schema=self._schema)
+
+    async def enqueue_and_wait_async(
+        self,
+        type: str,
+        payload: JsonValue = None,
+        *,
+        wait_timeout: float | None = None,
+        **options: Unpack[EnqueueOptions],
+    ) -> JobRecord:
+        """`enqueue_and_wait` for an AsyncConnectionPool."""
+        job_id = await self.enqueue_async(type, payload, **options)
+        async with self._async_pool().connection() as conn:
+            return await wait_async(conn, job_id, wait_timeout, schema=self._schema)

@@ -22,6 +22,7 @@ import pydantic
 from pgq_supervisor import db
 from pgq_supervisor.errors import InvalidInput, PermanentError
 from pgq_supervisor.jobs import AttemptKind, Job, JsonValue
+from pgq_supervisor.progress import ProgressSink, reporting
 from pgq_supervisor.registry import Handler, Registry
 
 log = logging.getLogger(__name__)
@@ -61,7 +62,8 @@ def _result_json(value: object) -> str | None:
 
 class Executor:
     """Runs handlers for one worker id. Handlers that take `conn` get the one passed to `run`
-    (the completer runs them inside its transaction)."""
+    (the completer runs them inside its transaction). `job.report_progress` goes to
+    `progress` (the worker's heartbeat writes it; None: nowhere)."""
 
     def __init__(
         self,
@@ -70,8 +72,10 @@ class Executor:
         *,
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.monotonic,
+        progress: ProgressSink | None = None,
     ) -> None:
         self.registry = registry
+        self.progress = progress
         self.worker_id = worker_id
         self.rng = rng or random.Random()
         self.clock = clock
@@ -100,7 +104,8 @@ class Executor:
             raise ValueError(f"handler {job.type!r} takes conn: run it with a connection")
         try:
             payload = handler.validate(job.payload)
-            result = _result_json(self._call(handler, job, payload, conn))
+            with reporting(self.progress):
+                result = _result_json(self._call(handler, job, payload, conn))
         except Exception as exc:  # the handler's failure is the job's outcome, never ours
             return self.failed(job, exc, self.clock() - start)
         return Ran(job, result, None, self.clock() - start)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import enum
 import re
+from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import NewType
@@ -113,6 +115,7 @@ class JobRecord:
     attempts: list[JsonValue]
     created_at: datetime
     updated_at: datetime
+    progress: JsonValue  # the last value its handler reported (None: none yet)
 
     @property
     def attempt(self) -> int:
@@ -133,6 +136,28 @@ class Job:
     timeout: float | None
     bundle_id: BundleId | None
     lease: LeaseToken
+
+    def report_progress(self, value: float | JsonObject) -> None:
+        """Report how far this job has come: a number from 0 to 1, or a small JSON object
+        (at most 8 KiB; say {"fraction": 0.4, "step": "upload"}). Raises InvalidInput for
+        anything else. Written in the background, a few times a second at most (the latest
+        value wins), and only while this worker still holds the job; watchers see it in
+        `get_job(...).progress` and on the `pgq_job_progress` channel.
+
+        Call it from the handler's own thread (the executor binds the reporter to that
+        thread's context). Outside a worker or `pgq.testing`, it does nothing.
+        """
+        reporter = PROGRESS_REPORTER.get()
+        if reporter is not None:
+            reporter(self, value)
+
+
+# The executor binds one for the job it runs (see progress.py); a context variable keeps Job
+# plain data, with no I/O and no reference to a worker.
+ProgressReporter = Callable[[Job, "float | JsonObject"], None]
+PROGRESS_REPORTER: ContextVar[ProgressReporter | None] = ContextVar(
+    "pgq_progress_reporter", default=None
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,9 @@
 """Helpers for users' own tests: run a job inline, drain the queue synchronously in-process.
 
 `drain` goes through the same claim, fencing and outcome writes as a real worker, on the
-caller's database, so a test sees exactly the rows production would write.
+caller's database, so a test sees exactly the rows production would write. Progress a handler
+reports is recorded (`DrainResult.progress`, or the `progress` list given to `run_inline`);
+`drain` also writes each value at once, fenced, on the caller's connection, unthrottled.
 """
 
 from __future__ import annotations
@@ -15,15 +17,24 @@ from pgq_supervisor import db
 from pgq_supervisor.completion import Completer, Outcome
 from pgq_supervisor.executor import Executor
 from pgq_supervisor.jobs import Job, JobId, JsonValue, LeaseToken, OutcomeKind
+from pgq_supervisor.progress import Recorder, reporting
 from pgq_supervisor.registry import Registry
 
 _ZERO = uuid.UUID(int=0)
 
 
-def run_inline(registry: Registry, type: str, payload: JsonValue = None) -> object:
+def run_inline(
+    registry: Registry,
+    type: str,
+    payload: JsonValue = None,
+    *,
+    progress: list[JsonValue] | None = None,
+) -> object:
     """Validate `payload` and call the handler of `type` directly: no database, no retries.
 
-    Handlers that take `conn` cannot run this way (use `drain`)."""
+    Each value the handler reports with `job.report_progress` is checked as a worker would
+    and appended to `progress` when given. Handlers that take `conn` cannot run this way
+    (use `drain`)."""
     handler = registry.get(type)
     if handler.wants_conn:
         raise TypeError(f"handler {type!r} takes conn: run it with drain() on a database")
@@ -41,12 +52,19 @@ def run_inline(registry: Registry, type: str, payload: JsonValue = None) -> obje
             bundle_id=None,
             lease=LeaseToken(_ZERO),
         )
-    return handler.func(value, **kwargs)
+    recorder = Recorder()
+    with reporting(recorder):
+        result = handler.func(value, **kwargs)
+    if progress is not None:
+        progress.extend(v for values in recorder.values.values() for v in values)
+    return result
 
 
 @dataclass
 class DrainResult:
     outcomes: list[Outcome] = field(default_factory=list)
+    # every value each job reported, in order
+    progress: dict[JobId, list[JsonValue]] = field(default_factory=dict)
 
     def count(self, kind: OutcomeKind | str) -> int:
         return sum(1 for o in self.outcomes if o.kind == kind)
@@ -83,10 +101,11 @@ def drain(
     s = schema or db.default_schema()
     types = [t for t in registry.types if t not in ignore]
     worker_id = f"testing:{os.getpid()}"
-    executor = Executor(registry, worker_id)
+    recorder = Recorder(conn, s)
+    executor = Executor(registry, worker_id, progress=recorder)
     completer = Completer(s, worker_id)
     policy = registry.claim_policy(types)
-    result = DrainResult()
+    result = DrainResult(progress=recorder.values)
     while types and (max_jobs is None or len(result.outcomes) < max_jobs):
         limit = batch if max_jobs is None else min(batch, max_jobs - len(result.outcomes))
         jobs = completer.claim(conn, policy, limit)

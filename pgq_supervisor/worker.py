@@ -136,13 +136,15 @@ class Worker:
         self.slot = slot
         self.conn = conn
         self.claim_policy = registry.claim_policy(spec.types)
-        self.executor = Executor(registry, spec.worker_id)
         self.heartbeat = Heartbeat(
             lambda: self._connect("pgq-heartbeat"),
             spec.schema,
             spec.heartbeat_interval,
             spec.worker_id,
         )
+        # the heartbeat thread writes progress too: on its own connection, never inside a
+        # `conn` handler's transaction
+        self.executor = Executor(registry, spec.worker_id, progress=self.heartbeat.progress)
         self.completer = Completer(
             spec.schema, spec.worker_id, heartbeat=self.heartbeat, flush_every=REPORT_EVERY
         )

@@ -3,7 +3,8 @@
 Functions here never commit: the caller owns the transaction (or uses an autocommit
 connection). psycopg errors are wrapped once, here, into `DatabaseError`. By concern:
 `connection` (connecting, error mapping), `enqueueing`, `lifecycle` (the worker's side and the
-rescue), `admin`; `params` and `rows` type what goes in and what comes out.
+rescue), `admin`, `watching` (waiters and progress); `params` and `rows` type what goes in and
+what comes out.
 """
 
 from pgq_supervisor.db.admin import (
@@ -53,6 +54,13 @@ from pgq_supervisor.db.lifecycle import (
     succeed_and_claim,
 )
 from pgq_supervisor.db.params import ClaimArgs, dump_json
+from pgq_supervisor.db.watching import (
+    get_jobs,
+    get_jobs_async,
+    job_states,
+    job_states_async,
+    set_progress,
+)
 
 __all__ = [
     "DEFAULT_SCHEMA",
@@ -78,9 +86,13 @@ __all__ = [
     "enqueue_params",
     "get_bundle",
     "get_job",
+    "get_jobs",
+    "get_jobs_async",
     "heartbeat",
     "insert_bundle",
     "is_permanent_connect_error",
+    "job_states",
+    "job_states_async",
     "list_jobs",
     "listen",
     "lock_bundles",
@@ -91,6 +103,7 @@ __all__ = [
     "rescue",
     "reset",
     "retry_failed",
+    "set_progress",
     "succeed",
     "succeed_and_claim",
     "summary_by_origin",

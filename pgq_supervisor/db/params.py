@@ -198,6 +198,21 @@ class NoParams(TypedDict):
     pass
 
 
+# ---- waiting and progress -------------------------------------------------------------------
+
+
+class IdsParams(TypedDict):
+    ids: list[JobId]
+
+
+class SetProgressParams(TypedDict):
+    """`set_progress`: `progress[i]` (JSON text) for `ids[i]`, written only under `leases[i]`."""
+
+    ids: list[JobId]
+    leases: list[LeaseToken]
+    progress: list[str]
+
+
 PARAMS: dict[str, type] = {
     "enqueue": EnqueueRow,
     "enqueue_unique": EnqueueRow,
@@ -230,4 +245,7 @@ PARAMS: dict[str, type] = {
     "summary_by_origin": OriginParams,
     "durable_commit": NoParams,
     "asynchronous_commit": NoParams,
+    "job_states": IdsParams,
+    "get_jobs": IdsParams,
+    "set_progress": SetProgressParams,
 }

@@ -64,6 +64,14 @@ class UniqueHolder:
     id: JobId
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class JobStateRow:
+    """Where one job stands (a waiter's re-check)."""
+
+    id: JobId
+    state: JobState
+
+
 class OriginSummary(NamedTuple):
     """The jobs of one origin, per type and state (a tuple: callers unpack it)."""
 
@@ -138,6 +146,7 @@ ENDED_ATTEMPT = NamedRow(EndedAttempt, new_state=_state)
 TYPE_STATS = NamedRow(TypeStats, state=_state)
 ORIGIN_SUMMARY = NamedRow(OriginSummary, state=_state, failed_attempts=_zero_if_null)
 UNIQUE_HOLDER = NamedRow(UniqueHolder)
+JOB_STATE = NamedRow(JobStateRow, state=_state)
 
 DoneAndClaimed = tuple[list[JobId], list[Job]]
 
@@ -201,4 +210,6 @@ ROWS: dict[str, tuple[str, ...]] = {
     "active_stats": TYPE_STATS.columns,
     "summary_by_origin": ORIGIN_SUMMARY.columns,
     "unfinished_by_unique_keys": UNIQUE_HOLDER.columns,
+    "job_states": JOB_STATE.columns,
+    "get_jobs": JOB_RECORD.columns,
 }

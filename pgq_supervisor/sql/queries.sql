@@ -207,7 +207,8 @@ WITH done AS (
     UPDATE {schema}.job
     SET state = 'pending', current_retry_count = 0, start_at = now(), started_at = NULL,
         stopped_at = NULL, worker_alive_at = NULL, worker_id = NULL, lease = NULL,
-        result = NULL, error_msg = NULL, error_data = NULL, updated_at = now()
+        result = NULL, error_msg = NULL, error_data = NULL, progress = NULL,
+        updated_at = now()
     WHERE id = %(id)s
       AND (state IN ('succeeded', 'failed', 'cancelled') OR (%(force)s AND state = 'running'))
     RETURNING id, type
@@ -220,7 +221,8 @@ WITH done AS (
     UPDATE {schema}.job
     SET state = 'pending', current_retry_count = 0, start_at = now(), started_at = NULL,
         stopped_at = NULL, worker_alive_at = NULL, worker_id = NULL, lease = NULL,
-        result = NULL, error_msg = NULL, error_data = NULL, updated_at = now()
+        result = NULL, error_msg = NULL, error_data = NULL, progress = NULL,
+        updated_at = now()
     WHERE state = 'failed' AND (%(type)s::text IS NULL OR type = %(type)s)
     RETURNING id, type
 )
@@ -231,8 +233,36 @@ FROM done
 -- name: get_job
 SELECT id, bundle_id, type, payload, priority, origin, state, max_retry_count,
        current_retry_count, start_at, started_at, stopped_at, worker_alive_at, worker_id,
-       timeout, unique_key, result, error_msg, error_data, attempts, created_at, updated_at
+       timeout, unique_key, result, error_msg, error_data, attempts, created_at, updated_at,
+       progress
 FROM {schema}.job WHERE id = %(id)s
+
+-- name: job_states
+-- The state of many jobs at once (a waiter's re-check); unknown ids have no row.
+SELECT id, state FROM {schema}.job WHERE id = ANY(%(ids)s::uuid[])
+
+-- name: get_jobs
+SELECT id, bundle_id, type, payload, priority, origin, state, max_retry_count,
+       current_retry_count, start_at, started_at, stopped_at, worker_alive_at, worker_id,
+       timeout, unique_key, result, error_msg, error_data, attempts, created_at, updated_at,
+       progress
+FROM {schema}.job WHERE id = ANY(%(ids)s::uuid[])
+
+-- name: set_progress
+-- Fenced: only jobs still running under the lease given with each value are written, so a
+-- stale worker writes nothing. No indexed column changes: a HOT update. Each job written is
+-- named on pgq_job_progress (a waiter follows it); `sent` runs the notify, as in `succeed`.
+WITH done AS (
+    UPDATE {schema}.job j SET progress = p.progress
+    FROM unnest(%(ids)s::uuid[], %(leases)s::uuid[], %(progress)s::jsonb[])
+         AS p(id, lease, progress)
+    WHERE j.id = p.id AND j.state = 'running' AND j.lease = p.lease
+    RETURNING j.id
+),
+sent AS (
+    SELECT count(pg_notify('pgq_job_progress', d.id::text)) AS n FROM done d
+)
+SELECT d.id FROM done d CROSS JOIN sent
 
 -- name: job_state
 SELECT state FROM {schema}.job WHERE id = %(id)s
@@ -244,7 +274,8 @@ FROM {schema}.job_bundle WHERE id = %(id)s
 -- name: list_jobs
 SELECT id, bundle_id, type, payload, priority, origin, state, max_retry_count,
        current_retry_count, start_at, started_at, stopped_at, worker_alive_at, worker_id,
-       timeout, unique_key, result, error_msg, error_data, attempts, created_at, updated_at
+       timeout, unique_key, result, error_msg, error_data, attempts, created_at, updated_at,
+       progress
 FROM {schema}.job
 WHERE state = %(state)s AND (%(type)s::text IS NULL OR type = %(type)s)
 ORDER BY updated_at DESC

@@ -253,7 +253,7 @@ def test_jobs_lists_failed_jobs_with_attempts_and_last_error(dsn: str, conn: Con
         )
 
     table = ok(cli(dsn, "jobs", "--state", "failed")).splitlines()
-    assert table[0].split() == ["ID", "TYPE", "ATTEMPTS", "UPDATED", "LAST", "ERROR"]
+    assert table[0].split() == ["ID", "TYPE", "ATTEMPTS", "PROGRESS", "UPDATED", "LAST", "ERROR"]
     rows = {line.split()[0]: line for line in table[1:]}
     assert set(rows) == {str(first), str(second), str(third)}
     assert rows[str(first)].split()[1:3] == ["mail", "1"]
@@ -423,3 +423,43 @@ def test_a_database_that_is_not_migrated_is_one_line_exit_1(empty_dsn: str) -> N
 def test_a_database_that_does_not_exist_is_one_line_exit_1(dsn: str) -> None:
     missing = make_conninfo(dsn, dbname="pgq_no_such_database")
     fails(cli(missing, "depth"), 1, r"cannot connect to .*database does not exist")
+
+
+# ---- show, progress ----
+
+
+def test_show_a_job_in_full_with_its_attempts_and_progress(dsn: str, conn: Conn) -> None:
+    job_id = pgq.enqueue(conn, "mail", {"to": "a@b"}, priority=3, max_retry_count=2)
+    job = claim_one(conn, "mail", max_retry_count=2)
+    db.end_attempt(conn, "pgq", [job.id], error="SMTP refused\nmore", kind=AttemptKind.ERROR,
+                   lease=job.lease)  # fmt: skip
+    conn.execute("UPDATE pgq.job SET start_at = now() WHERE id = %s", (job_id,))
+    job = claim_one(conn, "mail", max_retry_count=2)
+    db.set_progress(conn, "pgq", [(job_id, job.lease, '{"fraction": 0.42, "step": "send"}')])
+
+    text = ok(cli(dsn, "show", str(job_id)))
+    lines = {line.split()[0]: line for line in text.splitlines() if line.strip()}
+    assert lines["id"].split()[1] == str(job_id)
+    assert lines["state"].split()[1] == "running"
+    assert lines["priority"].split()[1] == "3"
+    assert lines["progress"].split()[1] == "42%" and '"step": "send"' in lines["progress"]
+    assert lines["payload"].endswith('{"to": "a@b"}')
+    assert "attempts (1 failed):" in text
+    assert any(line.strip().startswith("#1  error") and "SMTP refused" in line
+               and "more" not in line for line in text.splitlines())  # fmt: skip
+
+    table = ok(cli(dsn, "jobs", "--state", "running")).splitlines()
+    assert table[1].split()[:4] == [str(job_id), "mail", "2", "42%"]
+
+    doc = ok_json(cli(dsn, "show", str(job_id), "--json"))["job"]
+    assert doc["id"] == str(job_id) and doc["state"] == "running"
+    assert doc["progress"] == {"fraction": 0.42, "step": "send"}
+    assert doc["payload"] == {"to": "a@b"} and doc["priority"] == 3
+    assert [a["error"] for a in doc["attempts"]] == ["SMTP refused\nmore"]
+    assert doc["started_at"] is not None and doc["stopped_at"] is None
+    assert doc["result"] is None
+
+
+def test_show_an_unknown_job_is_one_line_exit_1(dsn: str) -> None:
+    fails(cli(dsn, "show", MISSING), 1, rf"^error: no job with id {MISSING}$")
+    fails(cli(dsn, "show", "nope"), 2, r"not a job id")

@@ -63,6 +63,7 @@ def test_get_job_reads_every_column_by_name(conn: Conn) -> None:
     )  # fmt: skip
     make_due(conn, job_id)
     running = claim_one(conn, "t", worker_id="w-2")
+    assert db.set_progress(conn, SCHEMA, [(job_id, running.lease, '{"done": 3}')]) == {job_id}
     seen |= _assert_record_is_the_row(conn, db.get_job(conn, SCHEMA, job_id))
     assert db.succeed(conn, SCHEMA, running.lease, [(running.id, '{"ok": true}')]) == {job_id}
     seen |= _assert_record_is_the_row(conn, db.get_job(conn, SCHEMA, job_id))
@@ -95,6 +96,8 @@ def _sample_params(conn: Conn) -> dict[str, dict[str, object]]:
             "done_lease": running[0].lease,
         },
         "get_job": {"id": ids[0]},
+        "get_jobs": {"ids": ids},
+        "job_states": {"ids": ids},
         "list_jobs": {"state": "running", "type": None, "limit": 10},
         "insert_bundle": {
             "id": uuid.uuid4(),

@@ -149,3 +149,20 @@ def test_succeed_and_claim_reads_jobs_by_index_only(conn: Conn) -> None:
     assert [n.get("Subplan Name") for n in nodes if n.get("Parent Relationship") == "InitPlan"]
     assert "job_pkey" in {n.get("Index Name") for n in nodes}, nodes
     assert not [n for n in _job_scans(nodes) if n["Node Type"] == "Seq Scan"], nodes
+
+
+def test_waiters_and_progress_writes_find_jobs_by_index(conn: Conn) -> None:
+    _fill(conn)
+    ids = [uuid.uuid4() for _ in range(3)]
+    cases: list[tuple[LiteralString, dict[str, object]]] = [
+        ("job_states", {"ids": ids}),
+        ("get_jobs", {"ids": ids}),
+        ("set_progress", {"ids": ids, "leases": ids, "progress": ["0.5"] * 3}),
+    ]
+    for name, params in cases:
+        nodes = _plan(conn, name, params)
+        assert not [n for n in _job_scans(nodes) if n["Node Type"] == "Seq Scan"], name
+        used = {n["Index Name"] for n in nodes if "Index Name" in n}
+        # the running jobs are few (what workers hold): their index will do as well
+        allowed = {"job_pkey", "job_running_idx"} if name == "set_progress" else {"job_pkey"}
+        assert used and used <= allowed, (name, used)

@@ -37,6 +37,7 @@ JOB_COLUMNS = {
     "error_msg": ("text", True),
     "error_data": ("jsonb", True),
     "attempts": ("jsonb", False),
+    "progress": ("jsonb", True),
     "created_at": ("timestamp with time zone", False),
     "updated_at": ("timestamp with time zone", False),
 }

@@ -36,6 +36,7 @@ RECORD = JobRecord(
     error_msg=None,
     error_data=None,
     attempts=[],
+    progress=None,
     created_at=NOW,
     updated_at=NOW,
 )

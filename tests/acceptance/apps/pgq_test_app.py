@@ -19,6 +19,9 @@ CREATE TABLE IF NOT EXISTS effects (
 )
 """
 
+# A handler waits at each step until the test opens its gate (a row here).
+GATES_DDL = "CREATE TABLE IF NOT EXISTS gates (job_id uuid NOT NULL, step int NOT NULL)"
+
 
 def _effect(conn: Conn, job: pgq.Job, note: str = "") -> None:
     conn.execute(
@@ -81,3 +84,21 @@ def poison(payload: dict[str, int]) -> None:
 @registry.handler("fail", max_retry_count=1, retry=NO_BACKOFF)
 def fail(payload: dict[str, int]) -> None:
     raise RuntimeError("boom")
+
+
+@registry.handler("steps", retry=NO_BACKOFF)
+def steps(payload: dict[str, int], job: pgq.Job, conn: Conn) -> dict[str, int]:
+    """Reports progress at each of `n` steps, then waits for the test to open that step's
+    gate. Inside its own transaction: the progress must show while it runs all the same."""
+    n = payload["n"]
+    for step in range(1, n + 1):
+        job.report_progress({"fraction": step / n, "step": step})
+        deadline = time.monotonic() + 60
+        while not conn.execute(
+            "SELECT 1 FROM gates WHERE job_id = %s AND step = %s", (job.id, step)
+        ).fetchone():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"gate {step} never opened")
+            time.sleep(0.01)
+    _effect(conn, job)
+    return {"steps": n}

@@ -1,0 +1,82 @@
+"""`show ID`: one job in full (payload, result, progress, timestamps, every attempt), and how
+progress reads in a table cell. Registered by admin.add_commands; errors as there (an unknown
+id is JobNotFound: one line, exit 1)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from datetime import datetime
+
+from pgq_supervisor import db
+from pgq_supervisor.connect import open_db
+from pgq_supervisor.jobs import JobId, JobRecord, JsonValue
+from pgq_supervisor.settings import Settings
+
+PROGRESS_WIDTH = 24
+
+
+def progress_cell(value: JsonValue) -> str:
+    """42% for a fraction (alone, or an object's "fraction"), else compact JSON, cut short."""
+    if value is None:
+        return "-"
+    fraction = value.get("fraction") if isinstance(value, dict) else value
+    if isinstance(fraction, int | float) and not isinstance(fraction, bool):
+        return f"{fraction * 100:.0f}%"
+    text = json.dumps(value, separators=(",", ":"))
+    return text if len(text) <= PROGRESS_WIDTH else text[: PROGRESS_WIDTH - 3] + "..."
+
+
+def _plain(value: object) -> JsonValue:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if value is None or isinstance(value, bool | int | float | str | list | dict):
+        return value  # JSON already, as the database gave it
+    return str(value)  # ids, the state
+
+
+def record_json(record: JobRecord) -> dict[str, JsonValue]:
+    """Every field of the record, as JSON (times in ISO 8601)."""
+    return {f.name: _plain(getattr(record, f.name)) for f in dataclasses.fields(record)}
+
+
+def _text(record: JobRecord) -> str:
+    doc = record_json(record)
+    lines = []
+    order = [
+        "id", "type", "state", "priority", "progress", "current_retry_count", "max_retry_count",
+        "origin", "bundle_id", "unique_key", "timeout", "worker_id", "created_at", "start_at",
+        "started_at", "worker_alive_at", "stopped_at", "updated_at", "payload", "result",
+        "error_msg", "error_data",
+    ]  # fmt: skip
+    width = max(len(k) for k in order)
+    for key in order:
+        value = doc[key]
+        if value is None:
+            continue
+        shown = value if isinstance(value, str) else json.dumps(value)
+        if key == "progress":
+            shown = f"{progress_cell(record.progress)}  {json.dumps(value)}"
+        lines.append(f"{key.ljust(width)}  {shown}")
+    lines.append(f"attempts ({len(record.attempts)} failed)" + (":" if record.attempts else ""))
+    for attempt in record.attempts:
+        a = attempt if isinstance(attempt, dict) else {}
+        error = str(a.get("error") or "").strip().splitlines()
+        lines.append(
+            f"  #{a.get('attempt')}  {a.get('kind', '-')}  at {a.get('at')}"
+            f"  worker {a.get('worker') or '-'}  {error[0] if error else ''}".rstrip()
+        )
+    return "\n".join(lines)
+
+
+def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
+    job_id: JobId = args.id
+    _, conn = open_db(settings)
+    with conn:
+        record = db.get_job(conn, settings.db_schema, job_id)
+    if args.json:
+        print(json.dumps({"job": record_json(record)}))
+    else:
+        print(_text(record))
+    return 0

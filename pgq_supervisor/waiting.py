@@ -1,0 +1,236 @@
+"""Waiting for jobs to finish: `wait`, `wait_many` and their async twins.
+
+No lost wake-up: LISTEN on pgq_job_stopped first, then read the states, then sleep until a
+notification names some of the jobs still waited on and re-read only those. Every path that
+ends a job notifies that channel in the ending transaction (success, failure for good,
+cancel, a rescue or death that ends in failure; the bundle trigger's on_complete job is a job
+like any other). Notifications are hints, and a dropped notification (or a server restart on
+another path) must not leave a waiter asleep forever, so every SAFETY_RECHECK seconds every
+job still waited on is read again: a handful of cheap reads a minute, not a poll.
+
+The connection must not be inside a transaction: LISTEN takes effect only at commit, and
+notifications are delivered only between transactions. An idle connection that is not in
+autocommit mode (a pool's, say) is switched to autocommit for the wait and switched back;
+one inside a transaction is refused with InvalidInput. The channels are UNLISTENed after.
+
+`on_progress(record)` is called, on the waiting thread, with the fresh record of a job whose
+handler reported progress (pgq_job_progress names it), at most once per notification batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+
+import psycopg
+from psycopg import sql
+from psycopg.pq import TransactionStatus
+
+from pgq_supervisor import db
+from pgq_supervisor.errors import InvalidInput, JobNotFound
+from pgq_supervisor.jobs import JobId, JobRecord, JobState
+
+STOPPED_CHANNEL = "pgq_job_stopped"
+PROGRESS_CHANNEL = "pgq_job_progress"
+SAFETY_RECHECK = 5.0  # seconds between re-reads of every job still waited on
+
+OnProgress = Callable[[JobRecord], None]
+
+
+def _channels(on_progress: OnProgress | None) -> list[str]:
+    return [STOPPED_CHANNEL] + ([PROGRESS_CHANNEL] if on_progress is not None else [])
+
+
+def _check_idle(status: TransactionStatus) -> None:
+    if status != TransactionStatus.IDLE:
+        raise InvalidInput(
+            "wait needs a connection outside a transaction (LISTEN takes effect at commit and"
+            " notifications arrive between transactions): commit first, or use another"
+            " connection"
+        )
+
+
+def _statements(channels: list[str], verb: str) -> list[sql.Composed]:
+    return [sql.SQL(verb + " {}").format(sql.Identifier(c)) for c in channels]
+
+
+@contextlib.contextmanager
+def _listening(conn: db.Conn, channels: list[str]) -> Iterator[None]:
+    _check_idle(conn.info.transaction_status)
+    was_autocommit = conn.autocommit
+    try:
+        with db.wrapped():
+            conn.autocommit = True
+            for stmt in _statements(channels, "LISTEN"):
+                conn.execute(stmt)
+        yield
+    finally:
+        if not conn.closed and conn.info.transaction_status == TransactionStatus.IDLE:
+            with contextlib.suppress(psycopg.Error):
+                for stmt in _statements(channels, "UNLISTEN"):
+                    conn.execute(stmt)
+                conn.autocommit = was_autocommit
+
+
+@contextlib.asynccontextmanager
+async def _listening_async(conn: db.AsyncConn, channels: list[str]) -> AsyncIterator[None]:
+    _check_idle(conn.info.transaction_status)
+    was_autocommit = conn.autocommit
+    try:
+        with db.wrapped():
+            await conn.set_autocommit(True)
+            for stmt in _statements(channels, "LISTEN"):
+                await conn.execute(stmt)
+        yield
+    finally:
+        if not conn.closed and conn.info.transaction_status == TransactionStatus.IDLE:
+            with contextlib.suppress(psycopg.Error):
+                for stmt in _statements(channels, "UNLISTEN"):
+                    await conn.execute(stmt)
+                await conn.set_autocommit(was_autocommit)
+
+
+class _Waiting:
+    """The bookkeeping of one wait, shared by the sync and async loops."""
+
+    def __init__(self, ids: Sequence[JobId], timeout: float | None) -> None:
+        if timeout is not None and timeout < 0:
+            raise InvalidInput(f"timeout must be >= 0, got {timeout}")
+        self.ids = list(ids)
+        self.remaining: set[JobId] = set(ids)
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+        self.timeout = timeout
+        self.read_all_at = time.monotonic()
+
+    def to_check(self, stopped: set[JobId]) -> set[JobId]:
+        """The jobs to read again: those named, or all of them once SAFETY_RECHECK has passed
+        since the last full read (however busy the channel is with other jobs)."""
+        if time.monotonic() - self.read_all_at >= SAFETY_RECHECK:
+            self.read_all_at = time.monotonic()
+            return set(self.remaining)
+        return stopped
+
+    def settle(self, checked: set[JobId], states: dict[JobId, JobState]) -> None:
+        """`states` were read for `checked`: drop the finished ones; an unknown one fails."""
+        missing = checked - states.keys()
+        if missing:
+            raise JobNotFound(f"no job with id {min(missing, key=str)}")
+        self.remaining -= {i for i in checked if states[i].is_terminal}
+
+    def sleep_for(self) -> float:
+        """How long to wait for a notification now; TimeoutError when time is up."""
+        if self.deadline is None:
+            return SAFETY_RECHECK
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            n = len(self.remaining)
+            raise TimeoutError(
+                f"{n} job{'s' if n != 1 else ''} still unfinished after {self.timeout} s"
+                f" (e.g. {min(self.remaining, key=str)})"
+            )
+        return min(left, SAFETY_RECHECK)
+
+    def named(self, notes: list[psycopg.Notify]) -> tuple[set[JobId], set[JobId]]:
+        """(stopped, progressed): the jobs waited on that the notifications name."""
+        stopped: set[JobId] = set()
+        progressed: set[JobId] = set()
+        for note in notes:
+            into = stopped if note.channel == STOPPED_CHANNEL else progressed
+            for text in note.payload.split(","):
+                with contextlib.suppress(ValueError):
+                    job_id = JobId(uuid.UUID(text))
+                    if job_id in self.remaining:
+                        into.add(job_id)
+        return stopped, progressed
+
+    def records(self, found: dict[JobId, JobRecord]) -> list[JobRecord]:
+        for job_id in self.ids:
+            if job_id not in found:
+                raise JobNotFound(f"no job with id {job_id}")
+        return [found[i] for i in self.ids]
+
+
+def wait(
+    conn: db.Conn,
+    job_id: JobId,
+    timeout: float | None = None,
+    *,
+    on_progress: OnProgress | None = None,
+    schema: str | None = None,
+) -> JobRecord:
+    """Block until the job is succeeded, failed or cancelled; return its record.
+
+    A job already finished returns at once. TimeoutError after `timeout` seconds, JobNotFound
+    for an unknown id (or one deleted meanwhile), InvalidInput if `conn` is in a transaction.
+    """
+    return wait_many(conn, [job_id], timeout, on_progress=on_progress, schema=schema)[0]
+
+
+def wait_many(
+    conn: db.Conn,
+    ids: Sequence[JobId],
+    timeout: float | None = None,
+    *,
+    on_progress: OnProgress | None = None,
+    schema: str | None = None,
+) -> list[JobRecord]:
+    """`wait` for every job of `ids` (one connection, one LISTEN); records in input order."""
+    s = schema or db.default_schema()
+    w = _Waiting(ids, timeout)
+    with _listening(conn, _channels(on_progress)):
+        w.settle(set(w.remaining), db.job_states(conn, s, list(w.remaining)))
+        while w.remaining:
+            pause = w.sleep_for()
+            with db.wrapped():
+                notes = list(conn.notifies(timeout=pause, stop_after=1))
+            stopped, progressed = w.named(notes)
+            if progressed and on_progress is not None:
+                for record in db.get_jobs(conn, s, sorted(progressed, key=str)).values():
+                    on_progress(record)
+            check = w.to_check(stopped)
+            if check:
+                w.settle(check, db.job_states(conn, s, list(check)))
+        return w.records(db.get_jobs(conn, s, w.ids))
+
+
+async def wait_async(
+    conn: db.AsyncConn,
+    job_id: JobId,
+    timeout: float | None = None,
+    *,
+    on_progress: OnProgress | None = None,
+    schema: str | None = None,
+) -> JobRecord:
+    """`wait` on a psycopg.AsyncConnection."""
+    records = await wait_many_async(conn, [job_id], timeout, on_progress=on_progress, schema=schema)
+    return records[0]
+
+
+async def wait_many_async(
+    conn: db.AsyncConn,
+    ids: Sequence[JobId],
+    timeout: float | None = None,
+    *,
+    on_progress: OnProgress | None = None,
+    schema: str | None = None,
+) -> list[JobRecord]:
+    """`wait_many` on a psycopg.AsyncConnection."""
+    s = schema or db.default_schema()
+    w = _Waiting(ids, timeout)
+    async with _listening_async(conn, _channels(on_progress)):
+        w.settle(set(w.remaining), await db.job_states_async(conn, s, list(w.remaining)))
+        while w.remaining:
+            pause = w.sleep_for()
+            with db.wrapped():
+                notes = [n async for n in conn.notifies(timeout=pause, stop_after=1)]
+            stopped, progressed = w.named(notes)
+            if progressed and on_progress is not None:
+                found = await db.get_jobs_async(conn, s, sorted(progressed, key=str))
+                for record in found.values():
+                    on_progress(record)
+            check = w.to_check(stopped)
+            if check:
+                w.settle(check, await db.job_states_async(conn, s, list(check)))
+        return w.records(await db.get_jobs_async(conn, s, w.ids))
