@@ -8,6 +8,7 @@ rescue), `admin`; `params` and `rows` type what goes in and what comes out.
 
 from pgq_supervisor.db.admin import (
     cancel,
+    cancelled_among,
     db_now,
     delete_finished,
     depth,
@@ -53,13 +54,16 @@ from pgq_supervisor.db.lifecycle import (
     succeed_and_claim,
 )
 from pgq_supervisor.db.params import ClaimArgs, dump_json
+from pgq_supervisor.db.rows import CancelResult
 
 __all__ = [
     "DEFAULT_SCHEMA",
     "AsyncConn",
+    "CancelResult",
     "ClaimArgs",
     "Conn",
     "cancel",
+    "cancelled_among",
     "claim",
     "connect",
     "connect_at_startup",

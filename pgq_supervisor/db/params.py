@@ -163,6 +163,10 @@ class IdParams(TypedDict):
     id: uuid.UUID
 
 
+class IdsParams(TypedDict):
+    ids: list[JobId]
+
+
 class ResetParams(TypedDict):
     id: JobId
     force: bool
@@ -215,6 +219,7 @@ PARAMS: dict[str, type] = {
     "rescue": RescueParams,
     "next_due": TypesParams,
     "cancel": IdParams,
+    "cancelled_among": IdsParams,
     "reset": ResetParams,
     "retry_failed": TypeFilterParams,
     "get_job": IdParams,

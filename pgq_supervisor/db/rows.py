@@ -62,6 +62,16 @@ class UniqueHolder:
     id: JobId
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class CancelResult:
+    """What `cancel` found: the state the job was in, and whether it is now cancelled (a
+    running job's `worker_id` is the worker whose supervisor was told to stop it)."""
+
+    state: JobState
+    cancelled: bool
+    worker_id: str | None
+
+
 class OriginSummary(NamedTuple):
     """The jobs of one origin, per type and state (a tuple: callers unpack it)."""
 
@@ -136,6 +146,7 @@ ENDED_ATTEMPT = NamedRow(EndedAttempt, new_state=_state)
 TYPE_STATS = NamedRow(TypeStats, state=_state)
 ORIGIN_SUMMARY = NamedRow(OriginSummary, state=_state, failed_attempts=_zero_if_null)
 UNIQUE_HOLDER = NamedRow(UniqueHolder)
+CANCEL_RESULT = NamedRow(CancelResult, state=_state)
 
 DoneAndClaimed = tuple[list[JobId] | None, Job | None]
 
@@ -187,4 +198,5 @@ ROWS: dict[str, tuple[str, ...]] = {
     "active_stats": TYPE_STATS.columns,
     "summary_by_origin": ORIGIN_SUMMARY.columns,
     "unfinished_by_unique_keys": UNIQUE_HOLDER.columns,
+    "cancel": CANCEL_RESULT.columns,
 }
