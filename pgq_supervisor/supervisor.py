@@ -266,8 +266,10 @@ class Supervisor:
         fd = self.listener.fileno()
         if fd is not None:
             self.sel.register(fd, selectors.EVENT_READ, ListenSource())
-        # notifications sent while we were not listening are lost: everyone looks
+        # notifications sent while we were not listening are lost: everyone looks, and the
+        # children's jobs are checked for cancels at once
         self.wake(len(self.children))
+        self.timers.by_name["cancel-check"].arm(self.clock())
 
     def _unlisten(self) -> None:
         fd = self.listener.fileno()
