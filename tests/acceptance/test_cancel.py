@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 from uuid import UUID
 
@@ -95,4 +96,39 @@ def test_a_missed_cancel_notification_is_caught_by_the_poll(
     assert _job(db, busy).state is pgq.JobState.CANCELLED
     ok = pgq.enqueue(db, "sleep", {"seconds": 0.0})
     wait_for("the new child works", lambda: _job(db, ok).state is pgq.JobState.SUCCEEDED)
+    assert sup.stop() == 0
+
+
+def test_cancel_racing_the_handlers_return_lands_exactly_one_outcome(
+    dsn: str, db: Conn, sups: list[Supervisor]
+) -> None:
+    """Each `sleep` job (a `conn` handler: its effect commits with its success) is cancelled
+    about when its handler returns. Whichever commits first wins; the effect exists iff it
+    succeeded."""
+    sup = _start(sups, dsn, "--procs", "2", *FAST)
+    sup.wait_ready(2)
+    seconds = 0.15
+    # cancel from a little before to a little after the handler's end (started_at is the claim)
+    offsets = [k / 100 for k in range(-1, 7)]
+    ids = pgq.enqueue_many(db, [pgq.NewJob("sleep", {"seconds": seconds}) for _ in offsets])
+    for job_id, offset in zip(ids, offsets, strict=True):
+
+        def near_its_end(job_id: UUID = job_id, offset: float = offset) -> bool:
+            row = db.execute(
+                "SELECT state <> 'running' OR clock_timestamp() - started_at"
+                " >= make_interval(secs => %s) FROM pgq.job WHERE id = %s",
+                (seconds + offset, job_id),
+            ).fetchone()
+            pending = _job(db, job_id).state is pgq.JobState.PENDING
+            return row is not None and bool(row[0]) and not pending
+
+        wait_for("the job near its end", near_its_end, interval=0.002)
+        with contextlib.suppress(pgq.InvalidTransition):  # it may have finished first
+            pgq.cancel_job(db, pgq.JobId(job_id))
+    wait_for("every job ended", lambda: count(dsn, "state IN ('succeeded', 'cancelled')")
+             == len(ids))  # fmt: skip
+    effects = {r[0] for r in db.execute("SELECT job_id FROM effects").fetchall()}
+    for job_id in ids:
+        rec = _job(db, job_id)
+        assert (job_id in effects) == (rec.state is pgq.JobState.SUCCEEDED), rec
     assert sup.stop() == 0
