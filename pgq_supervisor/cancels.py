@@ -23,9 +23,11 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from pgq_supervisor import db
 from pgq_supervisor.child import Child, ChildState
 from pgq_supervisor.ipc import SlotView
 from pgq_supervisor.jobs import JobId
+from pgq_supervisor.maintenance import ControlConnection
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +76,15 @@ def jobs_in_hand(children: Iterable[Child]) -> dict[JobId, Child]:
         if _stoppable(child) and (view := child.current_job()) is not None:
             held[view.job_id] = child
     return held
+
+
+def poll(control: ControlConnection, schema: str, children: Iterable[Child]) -> None:
+    """The poll behind pgq_job_cancel (a timer): mark the jobs in hand that were cancelled.
+    Asks nothing while no child holds a job."""
+    held = jobs_in_hand(children)
+    if held:
+        found = control.run(lambda conn: db.cancelled_among(conn, schema, list(held)))
+        mark_found(held, found)
 
 
 def mark_found(held: dict[JobId, Child], cancelled: Iterable[JobId]) -> None:

@@ -42,7 +42,7 @@ from typing import assert_never
 
 from setproctitle import setproctitle
 
-from pgq_supervisor import cancels, db
+from pgq_supervisor import cancels
 from pgq_supervisor.child import (
     CANCELLED,
     SHUTDOWN,
@@ -144,7 +144,12 @@ class Supervisor:
             now=now, rng=self.rng,
         )  # fmt: skip
         self.timers.add(
-            Timer("cancel-check", self._check_cancelled, settings.poll_interval, in_shutdown=True)
+            Timer(
+                "cancel-check",
+                lambda now: cancels.poll(self.control, self.schema, self.children.values()),
+                settings.poll_interval,
+                in_shutdown=True,
+            )
         )
         self.sel = selectors.DefaultSelector()
         self.last_loop = now
@@ -290,13 +295,6 @@ class Supervisor:
                 cancels.mark(self.children.values(), request)  # _enforce stops the child
         if served:
             self.wake(served)
-
-    def _check_cancelled(self, now: float) -> None:
-        """The poll behind pgq_job_cancel: mark the jobs in hand that were cancelled."""
-        held = cancels.jobs_in_hand(self.children.values())
-        if held:
-            found = self.control.run(lambda c: db.cancelled_among(c, self.schema, list(held)))
-            cancels.mark_found(held, found)
 
     def wake(self, n: int) -> None:
         """Wake up to n idle children; what cannot be delivered is owed to the next idle one."""

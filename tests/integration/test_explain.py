@@ -135,3 +135,17 @@ def test_rescue_reads_running_jobs_through_job_running_idx(conn: Conn) -> None:
     scans = _job_scans(nodes)
     assert scans, nodes
     assert [s.get("Index Name") for s in scans] == ["job_running_idx"], scans
+
+
+def test_cancel_and_the_supervisors_cancel_check_find_jobs_by_primary_key(conn: Conn) -> None:
+    """The check runs every poll_interval in every supervisor: a handful of ids, never a scan."""
+    _fill(conn)
+    ids = [uuid.uuid4() for _ in range(8)]
+    samples: list[tuple[LiteralString, dict[str, object]]] = [
+        ("cancelled_among", {"ids": ids}),
+        ("cancel", {"id": ids[0]}),
+    ]
+    for name, params in samples:
+        nodes = _plan(conn, name, params)
+        assert {n["Index Name"] for n in nodes if "Index Name" in n} == {"job_pkey"}, nodes
+        assert not [n for n in _job_scans(nodes) if n["Node Type"] == "Seq Scan"], nodes
