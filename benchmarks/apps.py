@@ -18,6 +18,7 @@ NOOP = "bench_noop"
 WAKE = "bench_wake"
 SPIN = "bench_spin"
 CRASH = "bench_crash"
+BUSY = "bench_busy"
 
 registry = pgq.Registry()
 
@@ -43,6 +44,13 @@ def spin_handler(payload: SpinPayload) -> dict[str, float]:
     start = time.perf_counter()
     spin(payload.loops)
     return {"s": time.perf_counter() - start}
+
+
+@registry.handler(BUSY)
+def busy(payload: object) -> None:
+    """CPU-bound forever, no timeout: only a cancel (or a kill) ends it."""
+    while True:
+        pass
 
 
 class CrashPayload(pydantic.BaseModel):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from benchmarks.report import Json
 
-GROUPS = ("enqueue", "drain", "cpu", "wake", "kill")
+GROUPS = ("enqueue", "drain", "cpu", "wake", "kill", "cancel")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -25,6 +25,7 @@ class Options:
     bulk_jobs: int
     wake_samples: int
     kills: int
+    cancels: int
     cpu_ms: float
     cpu_jobs_per_proc: int
     start_gate: bool
@@ -44,6 +45,7 @@ class Options:
             "bulk_jobs": self.bulk_jobs,
             "wake_samples": self.wake_samples,
             "kills": self.kills,
+            "cancels": self.cancels,
             "cpu_ms": self.cpu_ms,
             "cpu_jobs_per_proc": self.cpu_jobs_per_proc,
             "start_gate": self.start_gate,
@@ -92,6 +94,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     add("--wake-samples", type=int, default=200, help="wake latency: samples per run (200)")
     add("--kills", type=int, default=3, help="SIGKILL to rerun: kills per run (3)")
+    add("--cancels", type=int, default=5, help="cancel to a free child: cancels per run (5)")
     add("--cpu-ms", type=float, default=20.0, help="CPU-bound: job length in ms (20)")
     add(
         "--cpu-jobs-per-proc", type=int, default=100, help="CPU-bound: jobs per run per child (100)"
@@ -124,7 +127,8 @@ def parse_args(argv: Sequence[str]) -> Options:
         procs = tuple(int(x) for x in str(ns.procs).split(",") if x.strip())
     except ValueError:
         p.error(f"--procs must be comma-separated integers, got {ns.procs!r}")
-    counts = [ns.runs, ns.drain_jobs, ns.single_jobs, ns.bulk_jobs, ns.wake_samples, ns.kills]
+    counts = [ns.runs, ns.drain_jobs, ns.single_jobs, ns.bulk_jobs, ns.wake_samples, ns.kills,
+              ns.cancels]  # fmt: skip
     if not procs or min(procs) < 1 or min(counts) < 1 or ns.cpu_jobs_per_proc < 1:
         p.error("--runs, --procs and every job or sample count must be at least 1")
     if not ns.cpu_ms > 0:
@@ -144,6 +148,7 @@ def parse_args(argv: Sequence[str]) -> Options:
         bulk_jobs=ns.bulk_jobs,
         wake_samples=ns.wake_samples,
         kills=ns.kills,
+        cancels=ns.cancels,
         cpu_ms=ns.cpu_ms,
         cpu_jobs_per_proc=ns.cpu_jobs_per_proc,
         start_gate=not ns.cold_start,

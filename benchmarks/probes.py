@@ -1,4 +1,5 @@
-"""Latency probes against a running supervisor: wake-up, SIGKILL to rerun, idle RSS.
+"""Latency probes against a running supervisor: wake-up, SIGKILL to rerun, idle RSS, cancel of
+a running job to a free child.
 
 Times that cross processes are wall-clock (time.time()) on the one host: the harness stamps
 the enqueue commit or the kill, the handler stamps its own start.
@@ -20,7 +21,7 @@ import psycopg
 from psycopg.rows import TupleRow
 
 import pgq_supervisor as pgq
-from benchmarks.apps import CRASH, WAKE
+from benchmarks.apps import BUSY, CRASH, WAKE
 from benchmarks.enqueue import reset
 from benchmarks.procs import BenchError, ProcInfo, Supervisor, memory_kib, running, wait_for
 from benchmarks.report import Json
@@ -210,3 +211,50 @@ def settled(sup: Supervisor) -> None:
 
     wait_for("children to settle", ok, 60.0, 0.01)
     time.sleep(0.05)
+
+
+def run_cancel(
+    dsn: str, cancels: int, supervisor_args: Sequence[str] = ()
+) -> tuple[list[float], dict[str, Json]]:
+    """One child runs a CPU-bound job that never returns (no timeout) while a probe job waits
+    behind it; the sample is the time from the moment the cancel's commit returned to the
+    probe's handler start (ms): the cancel landed, the child was killed, a new one booted,
+    claimed and ran. Each cancelled job must end `cancelled` with one cancelled attempt."""
+    reset(dsn)
+    samples: list[float] = []
+    with running(Supervisor(dsn, 1, supervisor_args)) as sup, psycopg.connect(dsn) as conn:
+        sup.wait_idle()
+        for _ in range(cancels):
+            busy = pgq.enqueue(conn, BUSY, {}, schema=SCHEMA)
+            conn.commit()
+            wait_for("the busy job running", lambda: f" {BUSY} " in "".join(titles(sup.workers())),
+                     30.0, 0.001)  # fmt: skip
+            probe = pgq.enqueue(conn, WAKE, {}, schema=SCHEMA)
+            conn.commit()
+            pgq.cancel_job(conn, busy, schema=SCHEMA)
+            conn.commit()
+            committed = time.time()
+            started = wait_for("the probe job run", _result_time(conn, probe), 30.0, 0.0005)
+            samples.append((started - committed) * 1000)
+            rec = pgq.get_job(conn, busy, schema=SCHEMA)
+            conn.commit()
+            kinds = [a.get("kind") for a in rec.attempts if isinstance(a, dict)]
+            if rec.state is not pgq.JobState.CANCELLED or kinds != ["cancelled"]:
+                raise BenchError(f"cancelled job ended {rec.state} with attempts {kinds}")
+            sup.wait_idle()
+        code = sup.stop()
+    return samples, {"samples_ms": [round(x, 2) for x in samples], "supervisor_exit": code}
+
+
+def _result_time(
+    conn: psycopg.Connection[TupleRow], job_id: pgq.JobId
+) -> Callable[[], float | None]:
+    def check() -> float | None:
+        row = conn.execute(
+            "SELECT (result->>'t')::float8 FROM pgq.job WHERE id = %s AND state = 'succeeded'",
+            (job_id,),
+        ).fetchone()
+        conn.commit()
+        return None if row is None or row[0] is None else float(row[0])
+
+    return check

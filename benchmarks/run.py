@@ -83,6 +83,9 @@ class Bench:
         if "kill" in o.groups:
             for r in runs:
                 steps.append(self.kill_step(r))
+        if "cancel" in o.groups:
+            for r in runs:
+                steps.append(self.cancel_step(r))
         self.layout()
         return steps
 
@@ -158,7 +161,7 @@ class Bench:
         if len(self.cpu_procs) >= 2:
             # the machine's own scaling: when it is low too, the cores were not free
             self.order.append(Ratio("2 / 1, no queue", ("cpu.bare_procs_2",), "cpu.bare_procs_1"))
-        self.order += ["wake.p50", "wake.p99", "kill.rerun", "rss.idle"]
+        self.order += ["wake.p50", "wake.p99", "kill.rerun", "cancel.free", "rss.idle"]
         self.results.ratios = [r for r in self.order if isinstance(r, Ratio)]
 
     # ---- steps ----
@@ -384,6 +387,25 @@ class Bench:
             return f"median {value:.0f} ms of {', '.join(f'{s:.0f}' for s in samples)} ms"
 
         return Step(f"run {r}/{o.runs} SIGKILL → rerun: {o.kills} kills, --procs 2", action, (m,))
+
+    def cancel_step(self, r: int) -> Step:
+        o = self.opts
+        m = self.results.measure(
+            "cancel.free",
+            "cancel of a CPU-bound job → its child free (runs the next job)",
+            "ms",
+            Target("<=", 1000),
+        )
+
+        def action() -> str:
+            samples, details = probes.run_cancel(self.dsn, o.cancels, o.supervisor_args)
+            value = statistics.median(samples)
+            m.add(value, details)
+            return f"median {value:.0f} ms of {', '.join(f'{s:.0f}' for s in samples)} ms"
+
+        return Step(
+            f"run {r}/{o.runs} cancel → child free: {o.cancels} cancels, --procs 1", action, (m,)
+        )
 
 
 def git_state() -> dict[str, Json]:

@@ -71,7 +71,7 @@ def add_commands(sub: argparse._SubParsersAction[Parser], common: Parser) -> Non
     p.add_argument("--force", action="store_true", help="take a running job from its worker")
     p.set_defaults(handler=cmd_retry)
 
-    p = sub.add_parser("cancel", parents=parents, help="cancel a pending job")
+    p = sub.add_parser("cancel", parents=parents, help="cancel a pending or running job")
     p.add_argument("id", type=_job_id)
     p.set_defaults(handler=cmd_cancel)
 
@@ -216,13 +216,18 @@ def cmd_cancel(args: argparse.Namespace, settings: Settings) -> int:
     job_id: JobId = args.id
     _, conn = open_db(settings)
     with conn:
-        blocked_by = db.cancel(conn, settings.db_schema, job_id)
-    if blocked_by is not None:
+        result = db.cancel(conn, settings.db_schema, job_id)
+    if not result.cancelled:
         raise InvalidTransition(
-            f"job {job_id} is {blocked_by.value}; only pending jobs can be cancelled"
+            f"job {job_id} is {result.state.value}; only pending or running jobs can be cancelled"
         )
     if args.json:
-        _print_json({"cancelled": str(job_id)})
+        _print_json({"cancelled": str(job_id), "was": result.state.value})
+    elif result.state is JobState.RUNNING:
+        print(
+            f"cancelled job {job_id} (it was running on {result.worker_id}:"
+            " its supervisor stops it)"
+        )
     else:
         print(f"cancelled job {job_id}")
     return 0

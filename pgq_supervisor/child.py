@@ -7,7 +7,7 @@ import enum
 import multiprocessing
 import signal
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Protocol
@@ -56,6 +56,9 @@ def spawn_process(spec: ChildSpec, slot: JobSlot) -> tuple[Process, Connection]:
 
 # The kill reason of a child killed for shutdown: its job is released without using an attempt.
 SHUTDOWN = "shutdown"
+# The kill reason of a child stopped because its job was cancelled: that job has already ended
+# (in the cancel's transaction), the rest are released; the death counts as no attempt.
+CANCELLED = "cancelled"
 
 
 def child_spec(
@@ -141,7 +144,7 @@ class ChildState(enum.Enum):
 
     BOOTING ─Ready─▶ BUSY ─Idle─▶ IDLE ─Wake─▶ BUSY ...
     any live state ─Stop sent / Retiring─▶ STOPPING (exits 0 after the job in hand)
-    any ─job outran its timeout: SIGTERM─▶ TERMINATING ─KILL_GRACE─▶ KILLED (SIGKILL)
+    any ─job outran its timeout, or was cancelled: SIGTERM─▶ TERMINATING ─KILL_GRACE─▶ KILLED
     any ─shutdown deadline or second SIGINT: SIGKILL─▶ KILLED
     """
 
@@ -168,6 +171,8 @@ class Child:
     kill_reason: str | None = None  # e.g. "timeout after 5 s": recorded as the attempt's error
     kill_job: JobId | None = None  # the job the kill was meant for
     term_sent_at: float | None = None  # when TERMINATING began
+    # jobs of this child cancelled in the database (cancels.py): stopped once in hand
+    cancelled: set[JobId] = field(default_factory=set)
 
     @property
     def pid(self) -> int | None:
@@ -216,6 +221,13 @@ class Child:
         self.kill_reason, self.kill_job, self.term_sent_at = reason, job_id, now
         self.state = ChildState.TERMINATING
         self.proc.terminate()
+
+    def stop_cancelled(self, now: float, job_id: JobId) -> None:
+        """Stop `job_id`, which was cancelled while this child runs it. A sync handler cannot
+        be interrupted inside the process: SIGTERM (SIGKILL after KILL_GRACE), and the loop
+        respawns the child. (An async child would be sent a message to cancel the job's task
+        instead, and stay.)"""
+        self.terminate(now, CANCELLED, job_id)
 
     def kill(self, reason: str | None = None) -> None:
         """SIGKILL. `reason` replaces the attempt's error (SHUTDOWN: the job is released)."""

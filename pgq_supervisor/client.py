@@ -151,13 +151,17 @@ def get_bundle(conn: db.Conn, id: BundleId, *, schema: str | None = None) -> Bun
     return db.get_bundle(conn, _schema(schema), id)
 
 
-def cancel_job(conn: db.Conn, id: JobId, *, schema: str | None = None) -> None:
-    """Cancel a pending job. InvalidTransition if it is not pending, JobNotFound if unknown."""
-    blocked_by = db.cancel(conn, _schema(schema), id)
-    if blocked_by is not None:
+def cancel_job(conn: db.Conn, id: JobId, *, schema: str | None = None) -> JobState:
+    """Cancel a pending or running job; returns the state it was in. A running job ends
+    `cancelled` when this commits (its worker's writes are fenced out, it is never retried)
+    and the supervisor whose child runs it stops that child. InvalidTransition if the job has
+    finished, JobNotFound if unknown."""
+    result = db.cancel(conn, _schema(schema), id)
+    if not result.cancelled:
         raise InvalidTransition(
-            f"job {id} is {blocked_by.value}; only pending jobs can be cancelled"
+            f"job {id} is {result.state.value}; only pending or running jobs can be cancelled"
         )
+    return result.state
 
 
 def reset_job(conn: db.Conn, id: JobId, *, force: bool = False, schema: str | None = None) -> None:

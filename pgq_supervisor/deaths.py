@@ -4,7 +4,9 @@ The job in hand (the child's shared slot names it, its attempt and its type) end
 attempt: a timeout when the supervisor killed the child for that job, a worker death otherwise.
 Its retry delay comes from the handler of the slot's type, so learning it costs no query. The
 jobs the child had claimed but not started go back without consuming an attempt, and so does
-the job in hand of a child killed for shutdown: that was not the job's fault.
+the job in hand of a child killed for shutdown: that was not the job's fault. A child killed
+because its job was cancelled ends no attempt at all: the cancel ended that job already (a
+fenced end_attempt would change nothing), and whatever else it held is released.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import random
 from dataclasses import dataclass
 
 from pgq_supervisor import db
-from pgq_supervisor.child import SHUTDOWN, Child
+from pgq_supervisor.child import CANCELLED, SHUTDOWN, Child
 from pgq_supervisor.ipc import SlotView
 from pgq_supervisor.jobs import AttemptKind, EndedAttempt, JobId, JobState
 from pgq_supervisor.metrics import Metrics
@@ -55,7 +57,17 @@ def settle(
     if current is not None and child.kill_job not in (None, current.job_id):
         current = None  # killed for the job before this one: not this job's fault
     ended: list[EndedAttempt] = []
-    if current is not None and child.kill_reason != SHUTDOWN:
+    if current is not None and child.kill_reason == CANCELLED:
+        log.info(
+            "job cancelled id=%s type=%s attempt=%d worker=%s: child %d stopped (%s)",
+            current.job_id,
+            current.job_type,
+            current.attempt,
+            child.worker_id,
+            child.spec.index,
+            how,
+        )
+    elif current is not None and child.kill_reason != SHUTDOWN:
         kind = AttemptKind.TIMEOUT if child.kill_reason else AttemptKind.WORKER_DEATH
         error = child.kill_reason or f"worker died: {how}"
         ended = db.end_attempt(

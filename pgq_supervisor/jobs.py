@@ -47,6 +47,7 @@ class AttemptKind(enum.StrEnum):
     TIMEOUT = "timeout"  # the supervisor killed the child for outrunning the timeout
     WORKER_DEATH = "worker_death"  # the child died (signal, exit) while running the job
     RESCUED = "rescued"  # the heartbeat went stale (a whole pod died, a child hung)
+    CANCELLED = "cancelled"  # cancelled while running (cancel_job): never retried
 
 
 class OutcomeKind(enum.StrEnum):

@@ -1,7 +1,9 @@
 """Owns the supervisor's single LISTEN connection; reconnects with backoff.
 
-Notifications are hints: after every (re)LISTEN the supervisor wakes every child, because
-whatever was sent while we were not listening is lost; a jittered poll backs them up too.
+It listens on two channels: pgq_job_available (a job type has work: wake a child) and
+pgq_job_cancel (a running job was cancelled: stop the child that holds it). Notifications are
+hints: after every (re)LISTEN the supervisor wakes every child, because whatever was sent while
+we were not listening is lost; a jittered poll backs up both channels.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import psycopg
 
@@ -19,7 +22,15 @@ from pgq_supervisor.errors import DatabaseError
 
 log = logging.getLogger(__name__)
 
-CHANNEL = "pgq_job_available"
+AVAILABLE = "pgq_job_available"  # payload: a job type
+CANCEL = "pgq_job_cancel"  # payload: {"job_id": ..., "worker_id": ...} (see cancels.py)
+CHANNELS = (AVAILABLE, CANCEL)
+
+
+@dataclass(frozen=True, slots=True)
+class Notification:
+    channel: str
+    payload: str
 
 
 class Listener:
@@ -48,26 +59,33 @@ class Listener:
         try:
             conn = db.connect(self._dsn, application_name="pgq-supervisor-listen")
             with db.wrapped():
-                conn.execute(psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(CHANNEL)))
+                for channel in CHANNELS:
+                    conn.execute(
+                        psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(channel))
+                    )
         except DatabaseError as exc:
             delay = self.backoff.failed()
             log.warning("LISTEN connection failed, retrying in %.1f s: %s", delay, exc)
             return False
         self._conn = conn
         self.backoff.succeeded()
-        log.info("listening on %s", CHANNEL)
+        log.info("listening on %s", ", ".join(CHANNELS))
         return True
 
-    def read(self) -> list[str]:
-        """Payloads (job types) of notifications that arrived. Drops the connection on error."""
+    def read(self) -> list[Notification]:
+        """The notifications that arrived, in order. Drops the connection on error."""
         if self._conn is None:
             return []
         pgconn = self._conn.pgconn
-        out: list[str] = []
+        out: list[Notification] = []
         try:
             pgconn.consume_input()
             while (n := pgconn.notifies()) is not None:
-                out.append(n.extra.decode("utf-8", "replace"))
+                out.append(
+                    Notification(
+                        n.relname.decode("utf-8", "replace"), n.extra.decode("utf-8", "replace")
+                    )
+                )
         except psycopg.Error as exc:
             log.warning("LISTEN connection lost: %s", exc)
             self.close()

@@ -9,12 +9,14 @@ they share.
     queue-metrics  poll_interval ± 20 %              QueueMetrics: the pgq_jobs_* gauges
     prune          60 s; poll_interval while behind  Pruner: finished jobs past retention
     activity       summary_interval                  ActivitySummary: the INFO line of ended jobs
+    cancel-check   poll_interval ± 20 %              the supervisor's: children's jobs cancelled
+                                                     while pgq_job_cancel was missed (cancels.py)
 
 Time is the supervisor's injected clock. A run that fails with DatabaseError is logged and its
 timer tries again at its next time: no service keeps another from running. The database
 services share the control connection, which reconnects with backoff; while it is down they
-wait for its next attempt instead of each logging the same failure. Only `activity` runs
-during shutdown.
+wait for its next attempt instead of each logging the same failure. Only `activity` and
+`cancel-check` run during shutdown.
 """
 
 from __future__ import annotations
@@ -114,6 +116,9 @@ class Timers:
     def __init__(self, timers: Sequence[Timer], rng: random.Random) -> None:
         self.by_name = {t.name: t for t in timers}
         self.rng = rng
+
+    def add(self, timer: Timer) -> None:
+        self.by_name[timer.name] = timer
 
     def next_at(self, *, stopping: bool) -> float:
         """When the earliest timer that may run is due (inf if none)."""

@@ -4,8 +4,10 @@
     │  selector over: signal wake-up fd · LISTEN connection · each child's pipe and exit
     │                 sentinel; it waits until the next timer is due, 0.1 s at most
     ├── listener: LISTEN pgq_job_available ── one notification wakes one idle child
+    │             LISTEN pgq_job_cancel ── stop the child holding a cancelled job (cancels.py)
     ├── control connection: settle dead children's jobs; the timers' database work
     ├── timers (maintenance.py): poll wake · due jobs · rescue · queue metrics · prune · summary
+    │                            · cancel check (the poll behind pgq_job_cancel)
     ├── pgq-worker[0] ─ job connection + heartbeat thread (see worker.py)
     ├── pgq-worker[1]
     └── ...
@@ -15,7 +17,8 @@ the recorded signals → enforce timeouts and kills → top up the children → 
 are due. Signal handlers only record the signal. On a child's exit the loop fails the job it
 was running as a worker death (its shared slot says which job, and its type, so the retry
 backoff needs no query), releases the jobs it had claimed but not started, and respawns it
-with backoff. A child whose job outruns its timeout gets SIGTERM, then SIGKILL. Shutdown sends
+with backoff. A child whose job outruns its timeout, or whose job in hand was cancelled, gets
+SIGTERM, then SIGKILL; a cancel's child is respawned at once and counts no attempt. Shutdown sends
 Stop to every child, waits up to `shutdown_timeout`, then kills the rest and releases their
 jobs without consuming an attempt.
 
@@ -39,7 +42,9 @@ from typing import assert_never
 
 from setproctitle import setproctitle
 
+from pgq_supervisor import cancels
 from pgq_supervisor.child import (
+    CANCELLED,
     SHUTDOWN,
     Child,
     ChildState,
@@ -53,8 +58,8 @@ from pgq_supervisor.child import (
 from pgq_supervisor.deaths import Deaths
 from pgq_supervisor.errors import DatabaseError, ExitCode
 from pgq_supervisor.ipc import BootFailed, Idle, JobSlot, Ready, Report, Retiring, Wake
-from pgq_supervisor.listener import Listener
-from pgq_supervisor.maintenance import ControlConnection, Services, maintenance_timers
+from pgq_supervisor.listener import AVAILABLE, CANCEL, Listener
+from pgq_supervisor.maintenance import ControlConnection, Services, Timer, maintenance_timers
 from pgq_supervisor.metrics import Metrics
 from pgq_supervisor.registry import Registry
 from pgq_supervisor.settings import Settings
@@ -138,6 +143,14 @@ class Supervisor:
             settings, self.types, self.services, self.control, self.metrics, self.wake,
             now=now, rng=self.rng,
         )  # fmt: skip
+        self.timers.add(
+            Timer(
+                "cancel-check",
+                lambda now: cancels.poll(self.control, self.schema, self.children.values()),
+                settings.poll_interval,
+                in_shutdown=True,
+            )
+        )
         self.sel = selectors.DefaultSelector()
         self.last_loop = now
         self.host = socket.gethostname()
@@ -258,8 +271,10 @@ class Supervisor:
         fd = self.listener.fileno()
         if fd is not None:
             self.sel.register(fd, selectors.EVENT_READ, ListenSource())
-        # notifications sent while we were not listening are lost: everyone looks
+        # notifications sent while we were not listening are lost: everyone looks, and the
+        # children's jobs are checked for cancels at once
         self.wake(len(self.children))
+        self.timers.by_name["cancel-check"].arm(self.clock())
 
     def _unlisten(self) -> None:
         fd = self.listener.fileno()
@@ -269,10 +284,15 @@ class Supervisor:
 
     def _on_notifications(self) -> None:
         fd = self.listener.fileno()
-        payloads = self.listener.read()
+        notifications = self.listener.read()
         if not self.listener.connected and fd is not None:
             self.sel.unregister(fd)
-        served = sum(1 for p in payloads if p in self.types)
+        served = 0
+        for n in notifications:
+            if n.channel == AVAILABLE:
+                served += n.payload in self.types
+            elif n.channel == CANCEL and (request := cancels.parse(n.payload)) is not None:
+                cancels.mark(self.children.values(), request)  # _enforce stops the child
         if served:
             self.wake(served)
 
@@ -337,8 +357,8 @@ class Supervisor:
         self.metrics.children.set(len(self.children))
 
     def _enforce(self, now: float) -> None:
-        """Kill what outlived its time: children at the shutdown deadline, jobs past their
-        timeout (SIGTERM), children that ignored SIGTERM for KILL_GRACE (SIGKILL)."""
+        """Kill what outlived its time: children at the shutdown deadline, jobs cancelled or
+        past their timeout (SIGTERM), children that ignored SIGTERM for KILL_GRACE (SIGKILL)."""
         at_deadline = self.shutdown_deadline is not None and now >= self.shutdown_deadline
         for child in self.children.values():
             if child.state is ChildState.KILLED:
@@ -349,6 +369,9 @@ class Supervisor:
             elif child.state is ChildState.TERMINATING:
                 if child.term_sent_at is not None and now - child.term_sent_at > KILL_GRACE:
                     child.kill()
+            elif (job := cancels.due(child)) is not None:
+                log.info("job id=%s was cancelled: stopping child %d", job.job_id, child.spec.index)
+                child.stop_cancelled(now, job.job_id)
             elif (job := child.overdue_job(now)) is not None:
                 log.warning(
                     "job id=%s outran its timeout of %g s: killing child %d",
@@ -374,10 +397,13 @@ class Supervisor:
                 self._begin_shutdown("fatal")
         self._settle_jobs(child, how)
         clean = child.proc.exitcode == ExitCode.OK and child.leaving
-        if not clean:
+        # stopped for a cancel: asked for, so no crash (no respawn backoff, no warning)
+        cancelled = child.kill_reason == CANCELLED
+        if not clean and not cancelled:
             log.warning("child %d (pid %s) died: %s", child.spec.index, child.pid, how)
         if not self.stopping and child.spec.index < self.target:
-            self.respawns.after_exit(child.spec.index, now - child.started_at, clean, now)
+            lived = now - child.started_at
+            self.respawns.after_exit(child.spec.index, lived, clean or cancelled, now)
             self.metrics.restarts.inc()
 
     def _settle_jobs(self, child: Child, how: str) -> None:

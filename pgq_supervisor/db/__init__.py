@@ -9,6 +9,7 @@ what comes out.
 
 from pgq_supervisor.db.admin import (
     cancel,
+    cancelled_among,
     db_now,
     delete_finished,
     depth,
@@ -54,6 +55,7 @@ from pgq_supervisor.db.lifecycle import (
     succeed_and_claim,
 )
 from pgq_supervisor.db.params import ClaimArgs, dump_json
+from pgq_supervisor.db.rows import CancelResult
 from pgq_supervisor.db.watching import (
     get_jobs,
     get_jobs_async,
@@ -65,9 +67,11 @@ from pgq_supervisor.db.watching import (
 __all__ = [
     "DEFAULT_SCHEMA",
     "AsyncConn",
+    "CancelResult",
     "ClaimArgs",
     "Conn",
     "cancel",
+    "cancelled_among",
     "claim",
     "connect",
     "connect_at_startup",

@@ -12,6 +12,7 @@ from pgq_supervisor.db.connection import Conn, statement, wrapped
 from pgq_supervisor.db.params import (
     DeleteFinishedParams,
     IdParams,
+    IdsParams,
     ListJobsParams,
     OlderThanParams,
     OriginParams,
@@ -31,13 +32,22 @@ def _job_state(conn: Conn, schema: str, job_id: JobId) -> JobState:
     return JobState(state)
 
 
-def cancel(conn: Conn, schema: str, job_id: JobId) -> JobState | None:
-    """Cancel a pending job. Returns None when done, else the state that prevented it."""
+def cancel(conn: Conn, schema: str, job_id: JobId) -> rows.CancelResult:
+    """Cancel a pending or running job (see the `cancel` statement). The result says the state
+    it was in and whether it is cancelled now; JobNotFound for an unknown id."""
     params: IdParams = {"id": job_id}
-    with wrapped():
-        if conn.execute(statement("cancel", schema), params).fetchone() is not None:
-            return None
-        return _job_state(conn, schema, job_id)
+    with wrapped(), conn.cursor(row_factory=rows.CANCEL_RESULT) as cur:
+        result = cur.execute(statement("cancel", schema), params).fetchone()
+    if result is None:
+        raise JobNotFound(f"no job with id {job_id}")
+    return result
+
+
+def cancelled_among(conn: Conn, schema: str, ids: Sequence[JobId]) -> set[JobId]:
+    """Which of `ids` are cancelled (the supervisor's check behind pgq_job_cancel)."""
+    params: IdsParams = {"ids": list(ids)}
+    with wrapped(), conn.cursor(row_factory=scalar_row) as cur:
+        return set(cur.execute(statement("cancelled_among", schema), params).fetchall())
 
 
 def reset(conn: Conn, schema: str, job_id: JobId, force: bool) -> JobState | None:

@@ -163,6 +163,10 @@ class IdParams(TypedDict):
     id: uuid.UUID
 
 
+class IdsParams(TypedDict):
+    ids: list[JobId]
+
+
 class ResetParams(TypedDict):
     id: JobId
     force: bool
@@ -201,10 +205,6 @@ class NoParams(TypedDict):
 # ---- waiting and progress -------------------------------------------------------------------
 
 
-class IdsParams(TypedDict):
-    ids: list[JobId]
-
-
 class SetProgressParams(TypedDict):
     """`set_progress`: `progress[i]` (JSON text) for `ids[i]`, written only under `leases[i]`."""
 
@@ -230,6 +230,7 @@ PARAMS: dict[str, type] = {
     "rescue": RescueParams,
     "next_due": TypesParams,
     "cancel": IdParams,
+    "cancelled_among": IdsParams,
     "reset": ResetParams,
     "retry_failed": TypeFilterParams,
     "get_job": IdParams,

@@ -72,6 +72,16 @@ class JobStateRow:
     state: JobState
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class CancelResult:
+    """What `cancel` found: the state the job was in, and whether it is now cancelled (a
+    running job's `worker_id` is the worker whose supervisor was told to stop it)."""
+
+    state: JobState
+    cancelled: bool
+    worker_id: str | None
+
+
 class OriginSummary(NamedTuple):
     """The jobs of one origin, per type and state (a tuple: callers unpack it)."""
 
@@ -147,6 +157,7 @@ TYPE_STATS = NamedRow(TypeStats, state=_state)
 ORIGIN_SUMMARY = NamedRow(OriginSummary, state=_state, failed_attempts=_zero_if_null)
 UNIQUE_HOLDER = NamedRow(UniqueHolder)
 JOB_STATE = NamedRow(JobStateRow, state=_state)
+CANCEL_RESULT = NamedRow(CancelResult, state=_state)
 
 DoneAndClaimed = tuple[list[JobId], list[Job]]
 
@@ -212,4 +223,5 @@ ROWS: dict[str, tuple[str, ...]] = {
     "unfinished_by_unique_keys": UNIQUE_HOLDER.columns,
     "job_states": JOB_STATE.columns,
     "get_jobs": JOB_RECORD.columns,
+    "cancel": CANCEL_RESULT.columns,
 }

@@ -193,12 +193,48 @@ FROM {schema}.end_attempt(
     NULL, NULL, %(error)s, NULL, 'rescued', true, 0)
 
 -- name: cancel
-WITH done AS (
-    UPDATE {schema}.job SET state = 'cancelled', stopped_at = now(), updated_at = now()
-    WHERE id = %(id)s AND state = 'pending'
-    RETURNING id
+-- A pending or running job ends cancelled, in this one statement. The row lock makes the
+-- database the referee: a worker's success (or failure) racing it either commits first (then
+-- this finds the job finished and refuses) or waits and finds its lease gone. A running job's
+-- worker is fenced out (lease and heartbeat cleared; worker_id stays, as for every ended job,
+-- so the supervisor's poll can find what to stop), its attempt is recorded as `cancelled`, and
+-- pgq_job_cancel tells the supervisor whose child holds it to stop it. Never retried. One row:
+-- the state the job was in and whether this cancelled it; no row for an unknown id.
+WITH target AS (
+    SELECT id, state, worker_id FROM {schema}.job WHERE id = %(id)s FOR NO KEY UPDATE
+),
+done AS (
+    UPDATE {schema}.job j
+    SET state = 'cancelled', stopped_at = now(), worker_alive_at = NULL, lease = NULL,
+        attempts = CASE WHEN t.state = 'running'
+                        THEN j.attempts || jsonb_build_array(jsonb_build_object(
+                            'attempt', j.current_retry_count + 1, 'kind', 'cancelled',
+                            'error', 'cancelled', 'worker', j.worker_id,
+                            'started_at', j.started_at, 'at', now()))
+                        ELSE j.attempts END,
+        updated_at = now()
+    FROM target t
+    WHERE j.id = t.id AND t.state IN ('pending', 'running')
+    RETURNING j.id, t.state, t.worker_id
+),
+stopped_sent AS (
+    SELECT count(pg_notify('pgq_job_stopped', d.id::text)) AS n FROM done d
+),
+cancel_sent AS (
+    SELECT count(pg_notify('pgq_job_cancel',
+                           json_build_object('job_id', d.id, 'worker_id', d.worker_id)::text)) AS n
+    FROM done d WHERE d.state = 'running'
 )
-SELECT d.id, pg_notify('pgq_job_stopped', d.id::text) FROM done d
+SELECT t.state, d.id IS NOT NULL AS cancelled, t.worker_id
+FROM target t
+LEFT JOIN done d ON d.id = t.id
+CROSS JOIN stopped_sent
+CROSS JOIN cancel_sent
+
+-- name: cancelled_among
+-- The supervisor's poll behind pgq_job_cancel: which of the jobs its children hold now were
+-- cancelled (by primary key, a handful of ids).
+SELECT id FROM {schema}.job WHERE id = ANY(%(ids)s::uuid[]) AND state = 'cancelled'
 
 -- name: reset
 -- A finished job back to pending with a fresh retry budget; a running one only when forced

@@ -353,16 +353,34 @@ def test_cancel_a_pending_job(dsn: str, conn: Conn) -> None:
     job_id = pgq.enqueue(conn, "t", {})
     assert ok(cli(dsn, "cancel", str(job_id))) == f"cancelled job {job_id}\n"
     assert get(conn, job_id).state is JobState.CANCELLED
-    # twice: now it is cancelled, and only pending jobs can be
-    fails(cli(dsn, "cancel", str(job_id)), 1, r"is cancelled; only pending jobs can be cancelled")
+    # twice: now it is cancelled, and only pending or running jobs can be
+    fails(
+        cli(dsn, "cancel", str(job_id)),
+        1,
+        r"is cancelled; only pending or running jobs can be cancelled",
+    )
     other = pgq.enqueue(conn, "t", {})
-    assert ok_json(cli(dsn, "cancel", str(other), "--json")) == {"cancelled": str(other)}
+    assert ok_json(cli(dsn, "cancel", str(other), "--json")) == {
+        "cancelled": str(other),
+        "was": "pending",
+    }
 
 
-def test_cancel_refuses_running_and_unknown_jobs(dsn: str, conn: Conn) -> None:
+def test_cancel_a_running_job_says_its_supervisor_stops_it(dsn: str, conn: Conn) -> None:
     job_id = running(conn, "t")
-    fails(cli(dsn, "cancel", str(job_id)), 1, r"is running; only pending jobs")
-    assert get(conn, job_id).state is JobState.RUNNING
+    worker = get(conn, job_id).worker_id
+    assert ok(cli(dsn, "cancel", str(job_id))) == (
+        f"cancelled job {job_id} (it was running on {worker}: its supervisor stops it)\n"
+    )
+    assert get(conn, job_id).state is JobState.CANCELLED
+    other = running(conn, "t")
+    assert ok_json(cli(dsn, "cancel", str(other), "--json")) == {
+        "cancelled": str(other),
+        "was": "running",
+    }
+
+
+def test_cancel_refuses_unknown_jobs(dsn: str, conn: Conn) -> None:
     fails(cli(dsn, "cancel", MISSING), 1, rf"^error: no job with id {MISSING}$")
     fails(cli(dsn, "cancel", "12345"), 2, r"not a job id")
 

@@ -122,6 +122,7 @@ def _sample_params(conn: Conn) -> dict[str, dict[str, object]]:
         "active_stats": {},
         "summary_by_origin": {"origin": "o"},
         "unfinished_by_unique_keys": {"keys": ["u0", "u1", "u2"]},
+        "cancel": {"id": ids[2]},
     }
 
 

@@ -166,3 +166,17 @@ def test_waiters_and_progress_writes_find_jobs_by_index(conn: Conn) -> None:
         # the running jobs are few (what workers hold): their index will do as well
         allowed = {"job_pkey", "job_running_idx"} if name == "set_progress" else {"job_pkey"}
         assert used and used <= allowed, (name, used)
+
+
+def test_cancel_and_the_supervisors_cancel_check_find_jobs_by_primary_key(conn: Conn) -> None:
+    """The check runs every poll_interval in every supervisor: a handful of ids, never a scan."""
+    _fill(conn)
+    ids = [uuid.uuid4() for _ in range(8)]
+    samples: list[tuple[LiteralString, dict[str, object]]] = [
+        ("cancelled_among", {"ids": ids}),
+        ("cancel", {"id": ids[0]}),
+    ]
+    for name, params in samples:
+        nodes = _plan(conn, name, params)
+        assert {n["Index Name"] for n in nodes if "Index Name" in n} == {"job_pkey"}, nodes
+        assert not [n for n in _job_scans(nodes) if n["Node Type"] == "Seq Scan"], nodes

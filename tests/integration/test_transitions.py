@@ -1,4 +1,5 @@
-"""Operator transitions: cancel (pending only) and reset (finished, or running when forced)."""
+"""Operator transitions: cancel (pending or running: test_cancel_running.py) and reset
+(finished, or running when forced)."""
 
 from __future__ import annotations
 
@@ -40,9 +41,9 @@ def test_cancel_of_a_pending_job(conn: Conn) -> None:
 
 @pytest.mark.parametrize(
     "state",
-    [pgq.JobState.RUNNING, pgq.JobState.SUCCEEDED, pgq.JobState.FAILED, pgq.JobState.CANCELLED],
+    [pgq.JobState.SUCCEEDED, pgq.JobState.FAILED, pgq.JobState.CANCELLED],
 )
-def test_cancel_of_a_job_that_is_not_pending_is_refused(conn: Conn, state: pgq.JobState) -> None:
+def test_cancel_of_a_finished_job_is_refused(conn: Conn, state: pgq.JobState) -> None:
     job_id = _job_in_state(conn, state)
     before = raw_row(conn, job_id)
     with pytest.raises(pgq.InvalidTransition, match=f"job {job_id} is {state.value}"):

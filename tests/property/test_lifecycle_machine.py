@@ -9,6 +9,7 @@ model expects (read up to a sentinel, so nothing is waited for by time).
 from __future__ import annotations
 
 import itertools
+import json
 import uuid
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -49,7 +50,13 @@ DEAD_AFTER = 60.0
 # far enough ahead that a delayed job never comes due by itself during a test
 LATER = timedelta(hours=1)
 SENTINEL = "pgq_test_sentinel"
-CHANNELS = ("pgq_job_available", "pgq_job_stopped", "pgq_bundle_stopped", SENTINEL)
+CHANNELS = (
+    "pgq_job_available",
+    "pgq_job_stopped",
+    "pgq_bundle_stopped",
+    "pgq_job_cancel",
+    SENTINEL,
+)
 _SENTINELS = itertools.count()
 
 JobSpec = tuple[str, int, int | None, bool]  # type, priority, max_retry_count, delayed
@@ -99,6 +106,7 @@ class Expected:
     available: set[str] = field(default_factory=set)
     stopped: set[JobId] = field(default_factory=set)
     bundles: Counter[BundleId] = field(default_factory=Counter)
+    cancels: set[tuple[JobId, str]] = field(default_factory=set)  # running job, its worker
 
 
 def _sequential_uuids() -> Iterator[uuid.UUID]:
@@ -275,6 +283,10 @@ class LifecycleMachine(RuleBasedStateMachine):
         assert len(stopped) == len(set(stopped)), f"a job stopped twice: {stopped}"
         assert set(stopped) == self.expected.stopped, "pgq_job_stopped"
         assert bundles == self.expected.bundles, "pgq_bundle_stopped (B4: once per completion)"
+        cancels = [json.loads(n.payload) for n in notes if n.channel == "pgq_job_cancel"]
+        assert sorted((JobId(uuid.UUID(c["job_id"])), c["worker_id"]) for c in cancels) == sorted(
+            self.expected.cancels
+        ), "pgq_job_cancel"
 
     def _enqueue(self, spec: JobSpec) -> None:
         type_, priority, max_retry, delayed = spec
@@ -531,8 +543,16 @@ class LifecycleMachine(RuleBasedStateMachine):
             with pytest.raises(pgq.JobNotFound):
                 pgq.cancel_job(self.conn, job.id)
         elif job.state is PENDING:
-            pgq.cancel_job(self.conn, job.id)
+            assert pgq.cancel_job(self.conn, job.id) is PENDING
             job.delayed = False
+            self._stop(job, CANCELLED)
+        elif job.state is RUNNING:
+            # ends now: its worker is fenced out (stale_worker_writes tries its lease), the
+            # attempt is recorded, never retried, and its supervisor is told
+            assert pgq.cancel_job(self.conn, job.id) is RUNNING
+            assert job.worker is not None
+            job.attempts += 1
+            self.expected.cancels.add((job.id, job.worker))
             self._stop(job, CANCELLED)
         else:
             with pytest.raises(pgq.InvalidTransition):

@@ -76,6 +76,13 @@ def spin(payload: dict[str, int]) -> None:
         x += 1
 
 
+@registry.handler("busy_loop", max_retry_count=3, retry=NO_BACKOFF)
+def busy_loop(payload: dict[str, int]) -> None:
+    """CPU-bound with no timeout: only a cancel (or a kill) ends it."""
+    while True:
+        pass
+
+
 @registry.handler("poison", max_retry_count=2, retry=NO_BACKOFF)
 def poison(payload: dict[str, int]) -> None:
     os._exit(1)
