@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import enum
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import NewType
+from typing import Literal, NewType
 from uuid import UUID
 
 JobId = NewType("JobId", UUID)
@@ -16,6 +17,9 @@ WorkerId = NewType("WorkerId", str)
 
 JsonValue = None | bool | int | float | str | list["JsonValue"] | dict[str, "JsonValue"]
 JsonObject = dict[str, JsonValue]
+
+# What becomes of a job when one of its dependencies fails or is cancelled.
+DependencyFailure = Literal["cancel", "run"]
 
 MAX_TYPE_LENGTH = 100
 _TYPE_RE = re.compile(r"^[^\s\x00]{1,100}$")
@@ -68,7 +72,12 @@ def check_type_name(type_: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class NewJob:
-    """A job to enqueue. `max_retry_count=None` and `timeout=None` mean the handler's default."""
+    """A job to enqueue. `max_retry_count=None` and `timeout=None` mean the handler's default.
+
+    `depends_on`: ids of existing jobs (committed, or enqueued earlier in the same
+    transaction) that must succeed before this one can be claimed. If one fails or is
+    cancelled, this job is cancelled too, or, with `on_dependency_failure="run"`, runs anyway.
+    """
 
     type: str
     payload: JsonValue = field(default_factory=dict)
@@ -78,6 +87,8 @@ class NewJob:
     unique_key: str | None = None
     origin: str | None = None
     timeout: float | None = None
+    depends_on: Sequence[JobId] = ()
+    on_dependency_failure: DependencyFailure = "cancel"
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +124,12 @@ class JobRecord:
     attempts: list[JsonValue]
     created_at: datetime
     updated_at: datetime
+    # how many of its dependencies a pending job still waits for (0: it can be claimed)
+    waiting_on: int = 0
+    depends_on: list[JobId] | None = None
+    on_dependency_failure: DependencyFailure | None = None
+    # some job depends on this one (its terminal transitions release or cancel them)
+    has_dependents: bool = False
 
     @property
     def attempt(self) -> int:
@@ -133,6 +150,10 @@ class Job:
     timeout: float | None
     bundle_id: BundleId | None
     lease: LeaseToken
+    dependencies: tuple[JobId, ...] = ()
+    # the results of its dependencies as of the claim, by id (a purged one is missing); empty
+    # for a job without dependencies, which the claim does not look up
+    dependency_results: Mapping[JobId, JsonValue] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,3 +189,5 @@ class TypeStats:
     count: int
     ready: int
     oldest_ready_age: float | None
+    # pending jobs that wait for dependencies (neither ready nor delayed)
+    waiting: int = 0

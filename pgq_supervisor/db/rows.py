@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from operator import itemgetter
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Generic, NamedTuple, Protocol, TypeVar
+from uuid import UUID
 
 from psycopg.pq import ExecStatus
 from psycopg.rows import RowMaker, no_result
@@ -26,6 +28,7 @@ from pgq_supervisor.jobs import (
     JobId,
     JobRecord,
     JobState,
+    JsonValue,
     TypeStats,
 )
 
@@ -129,7 +132,27 @@ def _zero_if_null(value: object) -> object:
     return 0 if value is None else value
 
 
-JOB = NamedRow(Job)
+_NO_IDS: tuple[JobId, ...] = ()
+_NO_RESULTS: Mapping[JobId, JsonValue] = MappingProxyType({})
+
+
+def _ids(value: object) -> object:
+    """A uuid[] column (NULL: none) as a tuple of ids."""
+    if value is None:
+        return _NO_IDS
+    assert isinstance(value, list)
+    return tuple(value)
+
+
+def _results(value: object) -> object:
+    """A JSON object keyed by job id (NULL: none), keyed by JobId."""
+    if value is None:
+        return _NO_RESULTS
+    assert isinstance(value, dict)
+    return {JobId(UUID(k)): v for k, v in value.items()}
+
+
+JOB = NamedRow(Job, dependencies=_ids, dependency_results=_results)
 JOB_RECORD = NamedRow(JobRecord, state=_state)
 BUNDLE = NamedRow(Bundle)
 ENDED_ATTEMPT = NamedRow(EndedAttempt, new_state=_state)

@@ -1,0 +1,221 @@
+-- pgq_supervisor schema, version 6: jobs that run after other jobs (issue 13, dependencies).
+--
+-- A dependent job is inserted pending with waiting_on = the number of its dependencies not yet
+-- met, and only waiting_on = 0 jobs are in job_claim_idx: a waiting job is never visited by a
+-- claim, however many there are. When a dependency reaches a terminal state, the row trigger
+-- below decrements its waiting dependents (success, or any end under 'run') or cancels them
+-- (failure or cancel under 'cancel'), which cascades through the same trigger. Only jobs that
+-- have dependents (has_dependents, set when a dependent is linked) fire it, so the completion
+-- of an ordinary job costs a WHEN test and nothing more.
+--
+-- A dependency that is reset (terminal -> pending) counts as unmet again for the dependents
+-- still waiting; dependents already released (waiting_on reached 0, or cancelled) are left
+-- as they are. A dependent that is reset recounts its unmet dependencies (job_recount_waiting).
+
+ALTER TABLE job
+    ADD COLUMN waiting_on integer NOT NULL DEFAULT 0,
+    -- the job's dependencies, in the order given; NULL for a job without any
+    ADD COLUMN depends_on uuid[],
+    ADD COLUMN on_dependency_failure text,
+    ADD COLUMN has_dependents boolean NOT NULL DEFAULT false,
+    ADD CONSTRAINT job_waiting_only_pending CHECK (waiting_on = 0 OR state = 'pending'),
+    ADD CONSTRAINT job_waiting_on_range CHECK (waiting_on >= 0),
+    ADD CONSTRAINT job_dependency_failure_rule
+        CHECK ((depends_on IS NULL AND on_dependency_failure IS NULL)
+               OR (depends_on IS NOT NULL AND on_dependency_failure IN ('cancel', 'run')));
+
+-- Edges, for finding the dependents of a job that just finished (the primary key serves the
+-- dependent's side and the cascade when a dependent is deleted).
+CREATE TABLE job_dependency (
+    job_id     uuid NOT NULL REFERENCES job (id) ON DELETE CASCADE,
+    depends_on uuid NOT NULL REFERENCES job (id) ON DELETE CASCADE,
+    PRIMARY KEY (job_id, depends_on)
+);
+CREATE INDEX job_dependency_depends_on_idx ON job_dependency (depends_on);
+
+-- Waiting jobs leave the claim's index (see 0001 and 0003: the claim walks it in order).
+DROP INDEX job_claim_idx;
+CREATE INDEX job_claim_idx ON job (priority DESC, created_at, id)
+    WHERE state = 'pending' AND waiting_on = 0;
+
+CREATE OR REPLACE FUNCTION claim_pick(p_types text[], p_limit integer) RETURNS uuid[]
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+SET enable_sort = off
+SET enable_bitmapscan = off
+SET enable_seqscan = off
+AS $$
+BEGIN
+    RETURN ARRAY(
+        SELECT p.id
+        FROM job p
+        WHERE p.state = 'pending' AND p.waiting_on = 0 AND p.start_at <= now()
+          AND p.type = ANY(p_types)
+        ORDER BY p.priority DESC, p.created_at, p.id
+        LIMIT p_limit
+        FOR UPDATE SKIP LOCKED);
+END $$;
+
+-- A waiting job is not available: link_dependencies notifies when it is.
+CREATE OR REPLACE FUNCTION job_notify_inserted() RETURNS trigger
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+BEGIN
+    PERFORM pg_notify('pgq_job_available', t.type)
+    FROM (SELECT DISTINCT n.type FROM new_jobs n
+          WHERE n.state = 'pending' AND n.waiting_on = 0 AND n.start_at <= now()) t;
+    RETURN NULL;
+END $$;
+
+-- Called right after inserting jobs that have dependencies (inserted with waiting_on > 0), in
+-- the same transaction: (p_jobs[i], p_deps[i]) is one edge. Locks the dependencies in id order
+-- and marks them has_dependents, so a dependency finishing concurrently either committed
+-- before (its state is read here) or waits for this transaction and then sees the edges.
+-- Raises PGQ01 naming the first unknown id; the caller's savepoint then drops the jobs too.
+-- Sets each job's waiting_on, cancels those a failed dependency dooms, and notifies.
+CREATE FUNCTION link_dependencies(p_jobs uuid[], p_deps uuid[]) RETURNS void
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    missing uuid;
+    r record;
+    ready text[] := ARRAY[]::text[];
+    stopped uuid[] := ARRAY[]::uuid[];
+BEGIN
+    PERFORM 1 FROM job WHERE id = ANY(p_deps) ORDER BY id FOR NO KEY UPDATE;
+    SELECT d INTO missing FROM unnest(p_deps) AS d
+    WHERE NOT EXISTS (SELECT 1 FROM job j WHERE j.id = d) LIMIT 1;
+    IF missing IS NOT NULL THEN
+        RAISE EXCEPTION 'unknown dependency %: no such job', missing USING ERRCODE = 'PGQ01';
+    END IF;
+    UPDATE job SET has_dependents = true WHERE id = ANY(p_deps) AND NOT has_dependents;
+    INSERT INTO job_dependency (job_id, depends_on)
+    SELECT DISTINCT e.j, e.d FROM unnest(p_jobs, p_deps) AS e(j, d)
+    ON CONFLICT DO NOTHING;
+
+    FOR r IN
+        WITH counted AS (
+            SELECT e.job_id,
+                   count(*) FILTER (WHERE d.state IN ('pending', 'running')) AS unmet,
+                   (array_agg(d.id ORDER BY d.id) FILTER (
+                       WHERE d.state IN ('failed', 'cancelled')
+                         AND j.on_dependency_failure = 'cancel'))[1] AS failed_dep,
+                   (array_agg(d.state ORDER BY d.id) FILTER (
+                       WHERE d.state IN ('failed', 'cancelled')
+                         AND j.on_dependency_failure = 'cancel'))[1] AS failed_state
+            FROM job_dependency e
+            JOIN job j ON j.id = e.job_id
+            JOIN job d ON d.id = e.depends_on
+            WHERE e.job_id = ANY(p_jobs)
+            GROUP BY e.job_id
+        )
+        UPDATE job j SET
+            state = CASE WHEN c.failed_dep IS NULL THEN j.state ELSE 'cancelled' END,
+            stopped_at = CASE WHEN c.failed_dep IS NULL THEN NULL ELSE now() END,
+            waiting_on = CASE WHEN c.failed_dep IS NULL THEN c.unmet ELSE 0 END,
+            error_msg = CASE WHEN c.failed_dep IS NULL THEN NULL
+                             ELSE format('dependency %s %s', c.failed_dep, c.failed_state) END,
+            error_data = CASE WHEN c.failed_dep IS NULL THEN NULL
+                              ELSE jsonb_build_object('dependency', c.failed_dep,
+                                                      'dependency_state', c.failed_state) END,
+            updated_at = now()
+        FROM counted c
+        WHERE j.id = c.job_id
+        RETURNING j.id, j.type, j.state, j.waiting_on, j.start_at
+    LOOP
+        IF r.state = 'cancelled' THEN
+            stopped := array_append(stopped, r.id);
+        ELSIF r.waiting_on = 0 AND r.start_at <= now() THEN
+            ready := array_append(ready, r.type);
+        END IF;
+    END LOOP;
+    PERFORM pg_notify('pgq_job_available', t.type) FROM (SELECT DISTINCT unnest(ready) AS type) t;
+    PERFORM pg_notify('pgq_job_stopped', string_agg(k.id::text, ','))
+    FROM (SELECT id, (row_number() OVER () - 1) / 200 AS chunk FROM unnest(stopped) AS id) k
+    GROUP BY k.chunk;
+END $$;
+
+-- A job with dependents reached a terminal state, or left one (reset). Its waiting dependents
+-- are locked in id order (two dependencies of one job finishing at once queue on it rather
+-- than deadlock, as far as one row's dependents go).
+CREATE FUNCTION job_release_dependents() RETURNS trigger
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    d record;
+    left_ integer;
+    ready text[] := ARRAY[]::text[];
+    stopped uuid[] := ARRAY[]::uuid[];
+BEGIN
+    IF NEW.state NOT IN ('succeeded', 'failed', 'cancelled') THEN
+        -- reset: the dependents still waiting that counted its end as met count it as unmet
+        -- again (under 'cancel', one waiting on a failed dependency already counts it unmet)
+        UPDATE job j SET waiting_on = j.waiting_on + 1, updated_at = now()
+        WHERE j.id = ANY(ARRAY(
+            SELECT w.id FROM job_dependency e JOIN job w ON w.id = e.job_id
+            WHERE e.depends_on = NEW.id AND w.state = 'pending' AND w.waiting_on > 0
+              AND (OLD.state = 'succeeded' OR w.on_dependency_failure = 'run')
+            ORDER BY w.id FOR NO KEY UPDATE OF w))
+          AND j.state = 'pending' AND j.waiting_on > 0;
+        RETURN NULL;
+    END IF;
+    FOR d IN
+        SELECT w.id, w.type, w.start_at, w.on_dependency_failure
+        FROM job_dependency e JOIN job w ON w.id = e.job_id
+        WHERE e.depends_on = NEW.id AND w.state = 'pending' AND w.waiting_on > 0
+        ORDER BY w.id
+        FOR NO KEY UPDATE OF w
+    LOOP
+        IF NEW.state = 'succeeded' OR d.on_dependency_failure = 'run' THEN
+            UPDATE job SET waiting_on = waiting_on - 1, updated_at = now()
+            WHERE id = d.id AND state = 'pending' AND waiting_on > 0
+            RETURNING waiting_on INTO left_;
+            IF left_ = 0 AND d.start_at <= now() THEN
+                ready := array_append(ready, d.type);
+            END IF;
+        ELSE
+            -- fires this trigger again for d's own dependents: the cancel cascades
+            UPDATE job SET state = 'cancelled', stopped_at = now(), waiting_on = 0,
+                           error_msg = format('dependency %s %s', NEW.id, NEW.state),
+                           error_data = jsonb_build_object('dependency', NEW.id,
+                                                           'dependency_state', NEW.state),
+                           updated_at = now()
+            WHERE id = d.id AND state = 'pending';
+            IF FOUND THEN
+                stopped := array_append(stopped, d.id);
+            END IF;
+        END IF;
+    END LOOP;
+    PERFORM pg_notify('pgq_job_available', t.type) FROM (SELECT DISTINCT unnest(ready) AS type) t;
+    PERFORM pg_notify('pgq_job_stopped', string_agg(k.id::text, ','))
+    FROM (SELECT id, (row_number() OVER () - 1) / 200 AS chunk FROM unnest(stopped) AS id) k
+    GROUP BY k.chunk;
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER job_release_dependents AFTER UPDATE OF state ON job
+    FOR EACH ROW
+    WHEN (NEW.has_dependents
+          AND (OLD.state IN ('succeeded', 'failed', 'cancelled'))
+              IS DISTINCT FROM (NEW.state IN ('succeeded', 'failed', 'cancelled')))
+    EXECUTE FUNCTION job_release_dependents();
+
+-- A dependent job that leaves pending stops waiting (waiting_on counts only pending jobs);
+-- one reset back to pending recounts: dependencies not yet succeeded, and under 'cancel' the
+-- failed ones too (it then waits until they are reset and succeed; cancel it to give up).
+CREATE FUNCTION job_recount_waiting() RETURNS trigger
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+BEGIN
+    IF NEW.state <> 'pending' THEN
+        NEW.waiting_on := 0;
+    ELSIF OLD.state IN ('succeeded', 'failed', 'cancelled') THEN
+        SELECT count(*) INTO NEW.waiting_on
+        FROM job_dependency e JOIN job d ON d.id = e.depends_on
+        WHERE e.job_id = NEW.id
+          AND (d.state IN ('pending', 'running')
+               OR (d.state IN ('failed', 'cancelled') AND NEW.on_dependency_failure = 'cancel'));
+    END IF;
+    RETURN NEW;
+END $$;
+
+CREATE TRIGGER job_recount_waiting BEFORE UPDATE OF state ON job
+    FOR EACH ROW
+    WHEN (NEW.depends_on IS NOT NULL AND OLD.state IS DISTINCT FROM NEW.state)
+    EXECUTE FUNCTION job_recount_waiting();
