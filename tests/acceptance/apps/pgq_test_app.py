@@ -81,3 +81,12 @@ def poison(payload: dict[str, int]) -> None:
 @registry.handler("fail", max_retry_count=1, retry=NO_BACKOFF)
 def fail(payload: dict[str, int]) -> None:
     raise RuntimeError("boom")
+
+
+@registry.handler("step", max_retry_count=0)
+def step(payload: dict[str, str | float | bool], job: pgq.Job) -> dict[str, object]:
+    """A step of a dependency graph: returns its name and the results it was handed."""
+    time.sleep(float(payload.get("seconds", 0.0)))  # the step's work
+    if payload.get("fail"):
+        raise pgq.PermanentError(f"{payload['name']} fails")
+    return {"name": payload["name"], "saw": {str(k): v for k, v in job.dependency_results.items()}}
