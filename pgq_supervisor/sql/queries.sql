@@ -128,12 +128,27 @@ FOR NO KEY UPDATE
 -- pgq_job_stopped carries the ids, at most 200 per notification (payloads stop at 8000 bytes).
 -- The inner join to `sent` is what runs the notify: a CTE that is not data-modifying runs only
 -- if read, and an unused LEFT JOIN would be pruned.
-WITH done AS (
+-- `waiting` locks the jobs that wait on the batch, in id order, before any row of the batch
+-- is touched (the condition on no column of `j` is a one-time filter, as in lock_bundles):
+-- the dependency trigger (schema/0006) would otherwise lock them row by row, in batch order,
+-- and two batches completing dependencies of the same jobs could deadlock. A probe of the
+-- (usually empty) job_dependency index per job; the jobs found are read by primary key
+-- (`= ANY(ARRAY(...))`, not a join, which the planner may hash over the whole table).
+WITH waiting AS (
+    SELECT w.id FROM {schema}.job w
+    WHERE w.id = ANY(ARRAY(SELECT e.job_id FROM {schema}.job_dependency e
+                           WHERE e.depends_on = ANY(%(ids)s::uuid[])))
+      AND w.state = 'pending' AND w.waiting_on > 0
+    ORDER BY w.id
+    FOR NO KEY UPDATE
+),
+done AS (
     UPDATE {schema}.job j
     SET state = 'succeeded', stopped_at = now(), worker_alive_at = NULL, lease = NULL,
         result = r.result, updated_at = now()
     FROM unnest(%(ids)s::uuid[], %(results)s::jsonb[]) AS r(id, result)
     WHERE j.id = r.id AND j.state = 'running' AND j.lease = %(done_lease)s
+      AND (SELECT count(*) FROM waiting) >= 0
     RETURNING j.id
 ),
 sent AS (
@@ -152,12 +167,21 @@ FROM done d CROSS JOIN sent
 -- One row per claimed job, in claim order, or one row of NULLs when nothing was claimed: the
 -- LEFT JOIN from the one-row `f` makes that row. The first row also carries `done_ids`, the
 -- jobs whose success landed (`f` reads `sent`, which runs the notify).
-WITH done AS (
+WITH waiting AS (
+    SELECT w.id FROM {schema}.job w
+    WHERE w.id = ANY(ARRAY(SELECT e.job_id FROM {schema}.job_dependency e
+                           WHERE e.depends_on = ANY(%(ids)s::uuid[])))
+      AND w.state = 'pending' AND w.waiting_on > 0
+    ORDER BY w.id
+    FOR NO KEY UPDATE
+),
+done AS (
     UPDATE {schema}.job j
     SET state = 'succeeded', stopped_at = now(), worker_alive_at = NULL, lease = NULL,
         result = r.result, updated_at = now()
     FROM unnest(%(ids)s::uuid[], %(results)s::jsonb[]) AS r(id, result)
     WHERE j.id = r.id AND j.state = 'running' AND j.lease = %(done_lease)s
+      AND (SELECT count(*) FROM waiting) >= 0
     RETURNING j.id
 ),
 sent AS (
@@ -194,10 +218,20 @@ ORDER BY c.priority DESC, c.created_at, c.id
 
 -- name: end_attempt
 -- A failed attempt: retry after `delay` seconds if allowed and attempts are left, else failed.
+-- `waiting`: the jobs that wait on these, locked first in id order, as in `succeed`.
+WITH waiting AS (
+    SELECT w.id FROM {schema}.job w
+    WHERE w.id = ANY(ARRAY(SELECT e.job_id FROM {schema}.job_dependency e
+                           WHERE e.depends_on = ANY(%(ids)s::uuid[])))
+      AND w.state = 'pending' AND w.waiting_on > 0
+    ORDER BY w.id
+    FOR NO KEY UPDATE
+)
 SELECT job_id, job_type, new_state, retry_count
 FROM {schema}.end_attempt(%(ids)s::uuid[], %(lease)s::uuid, %(worker_id)s::text, %(error)s::text,
                           %(error_data)s::jsonb, %(kind)s::text, %(allow_retry)s::boolean,
                           %(delay)s::float8)
+WHERE (SELECT count(*) FROM waiting) >= 0
 
 -- name: release
 -- Back to pending without consuming an attempt. NULL filters match everything.

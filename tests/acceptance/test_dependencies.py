@@ -4,6 +4,7 @@ order, a failed branch cancels what depends on it, and "run" runs a dependent an
 from __future__ import annotations
 
 import pgq_supervisor as pgq
+from pgq_supervisor.jobs import JsonValue
 from tests.acceptance.conftest import Conn
 from tests.acceptance.helpers import APP, FAST, Supervisor, count, wait_for
 
@@ -17,7 +18,7 @@ def test_diamonds_run_in_order_and_failures_cancel_or_run_dependents(
 
     def step(name: str, *deps: pgq.JobId, **extra: str | float | bool) -> pgq.JobId:
         rule = "run" if extra.pop("run", False) else "cancel"
-        payload: dict[str, str | float | bool] = {"name": name, "seconds": 0.2, **extra}
+        payload: dict[str, JsonValue] = {"name": name, "seconds": 0.2, **extra}
         return pgq.enqueue(
             db,
             "step",

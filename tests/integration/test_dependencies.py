@@ -4,8 +4,10 @@ or cancelled dependency cancels it (or not, under "run"); the edges are checked 
 from __future__ import annotations
 
 import random
+import threading
 import uuid
 
+import psycopg
 import pytest
 
 import pgq_supervisor as pgq
@@ -13,7 +15,7 @@ from pgq_supervisor import db, testing
 from pgq_supervisor.db import Conn
 from pgq_supervisor.jobs import AttemptKind, JobId, JobState
 
-from .support import SCHEMA, claim, claim_one, count_rows, get, listening
+from .support import SCHEMA, claim, claim_one, count_rows, get, in_threads, listening
 
 
 def _registry(fail: set[str] | None = None) -> pgq.Registry:
@@ -265,3 +267,53 @@ def test_random_graphs_complete_in_any_order_and_keep_the_rules(conn: Conn) -> N
                     JobState.FAILED,
                     JobState.CANCELLED,
                 )
+
+
+def _end_at_once(dsn: str, batches: list[list[pgq.Job]], failing: int) -> set[JobId]:
+    """Each batch ended on its own connection, all released together by a barrier: the
+    first `failing` batches fail for good, the others succeed. Returns the ids written."""
+    start = threading.Barrier(len(batches))
+
+    def end(i: int) -> set[JobId]:
+        batch = batches[i]
+        with psycopg.connect(dsn, autocommit=True) as own:
+            start.wait(timeout=30)
+            if i < failing:
+                ended = db.end_attempt(
+                    own, SCHEMA, [job.id for job in batch], error="x",
+                    kind=AttemptKind.PERMANENT, lease=batch[0].lease, allow_retry=False,
+                )  # fmt: skip
+                return {e.job_id for e in ended}
+            return db.succeed(own, SCHEMA, batch[0].lease, [(job.id, None) for job in batch])
+
+    return set().union(*in_threads(len(batches), end))
+
+
+def test_dependencies_of_shared_dependents_end_concurrently_without_deadlock(
+    conn: Conn, dsn: str
+) -> None:
+    """Batches that end dependencies of the same dependents (some succeed, some fail), at the
+    same moment, from several connections: every write lands, and every dependent is released
+    or cancelled exactly as its dependencies ended (without the ordered pre-lock of `succeed`
+    and `end_attempt` this deadlocks)."""
+    rng = random.Random(7)
+    workers = 4
+    for _round in range(8):
+        deps = pgq.enqueue_many(conn, [pgq.NewJob("t") for _ in range(workers * 4)])
+        dependents = {
+            pgq.enqueue(conn, "u", depends_on=(its := rng.sample(deps, k=rng.randint(2, 6)))): its
+            for _ in range(30)
+        }
+        batches = [claim(conn, ["t"], worker_id=f"w{i}", limit=4) for i in range(workers)]
+        for batch in batches:
+            rng.shuffle(batch)  # each batch ends its jobs in a different order
+        failing = {job.id for job in batches[0] + batches[1]}
+        assert _end_at_once(dsn, batches, failing=2) == set(deps)
+        for job_id, its in dependents.items():
+            record = get(conn, job_id)
+            if failing & set(its):
+                assert record.state is JobState.CANCELLED, record
+            else:
+                assert (record.state, record.waiting_on) == (JobState.PENDING, 0), record
+        for job in claim(conn, ["u"], limit=100):
+            db.succeed(conn, SCHEMA, job.lease, [(job.id, None)])

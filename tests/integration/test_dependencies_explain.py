@@ -3,6 +3,9 @@ past none of them, however many wait (issue 13: keep claim cost flat)."""
 
 from __future__ import annotations
 
+import uuid
+from typing import LiteralString
+
 from psycopg import sql
 
 import pgq_supervisor as pgq
@@ -83,3 +86,38 @@ def test_depth_and_next_due_read_the_claim_index(conn: Conn) -> None:
         scans = _job_scans(list(_nodes(row[0][0]["Plan"])))
         assert [s["Node Type"] for s in scans if "Seq" in str(s["Node Type"])] == [], (name, scans)
     assert pgq.queue_depth(conn, "a") == 1
+
+
+def test_completions_find_the_waiting_dependents_by_index(conn: Conn) -> None:
+    """`succeed`, `succeed_and_claim` and `end_attempt` lock the jobs waiting on their batch
+    first: through job_dependency's index and the primary key, never a scan of the table."""
+    blocker = pgq.enqueue(conn, "a")
+    pgq.enqueue_many(conn, [pgq.NewJob("a", depends_on=[blocker]) for _ in range(WAITING)])
+    conn.execute(
+        "INSERT INTO pgq.job (type, payload) SELECT 'a', '{}' FROM generate_series(1, 100)"
+    )
+    conn.execute("ANALYZE pgq.job")
+    conn.execute("ANALYZE pgq.job_dependency")
+    ids = [uuid.uuid4() for _ in range(100)]  # a batch of jobs nothing waits on
+    claim = {"worker_id": "w", "types": ["a"], "max_retry_counts": [3], "limit": 10}
+    statements: list[tuple[LiteralString, dict[str, object]]] = [
+        ("succeed", {"ids": ids, "results": [None] * 100, "done_lease": uuid.uuid4()}),
+        (
+            "succeed_and_claim",
+            {"ids": ids, "results": [None] * 100, "done_lease": uuid.uuid4(),
+             "lease": uuid.uuid4(), **claim},
+        ),
+        (
+            "end_attempt",
+            {"ids": ids, "lease": uuid.uuid4(), "worker_id": None, "error": "x",
+             "error_data": None, "kind": "error", "allow_retry": True, "delay": 0.0},
+        ),
+    ]  # fmt: skip
+    for name, params in statements:
+        query = sql.SQL("EXPLAIN (FORMAT JSON) ") + queries.query(name, "pgq")
+        row = conn.execute(query, params).fetchone()
+        assert row is not None
+        nodes = list(_nodes(row[0][0]["Plan"]))
+        scans = [n for n in nodes if "Scan" in str(n["Node Type"]) and "Relation Name" in n]
+        assert not [n for n in scans if n["Node Type"] == "Seq Scan"], (name, scans)
+        assert "job_dependency_depends_on_idx" in {n.get("Index Name") for n in scans}, name
