@@ -14,6 +14,7 @@ import pgq_supervisor as pgq
 from pgq_supervisor import db, testing
 from pgq_supervisor.db import Conn
 from pgq_supervisor.jobs import AttemptKind, JobId, JobState
+from tests.property.invariants import violations
 
 from .support import SCHEMA, claim, claim_one, count_rows, get, in_threads, listening
 
@@ -179,6 +180,7 @@ def test_a_reset_dependency_counts_again_for_the_dependents_still_waiting(conn: 
     pgq.reset_job(conn, a)
     # d waits for a again; the released job stays released
     assert (get(conn, d).waiting_on, get(conn, released).waiting_on) == (2, 0)
+    assert violations(conn) == []
     _succeed(conn, a)
     _succeed(conn, b)
     assert get(conn, d).waiting_on == 0
@@ -194,6 +196,7 @@ def test_a_reset_dependent_recounts_its_dependencies(conn: Conn) -> None:
     assert (get(conn, d).state, get(conn, d).waiting_on) == (JobState.PENDING, 1)
     assert claim(conn, ["u"]) == []
     pgq.reset_job(conn, b)
+    assert violations(conn) == []
     _succeed(conn, b)
     assert claim_one(conn, "u").id == d
 
@@ -219,12 +222,16 @@ def test_waiting_jobs_are_counted_apart_from_ready_and_delayed(conn: Conn) -> No
 
 def test_random_graphs_complete_in_any_order_and_keep_the_rules(conn: Conn) -> None:
     """Random DAGs (edges only to earlier jobs), completed in random claim orders with random
-    outcomes: a job runs only after every dependency succeeded (or ended, under "run"), and a
-    job cancelled by the rule names a dependency that failed or was cancelled."""
+    outcomes, random cancels and resets: a job runs only after every dependency succeeded (or
+    ended, under "run"), a job cancelled by the rule names a dependency that failed or was
+    cancelled, and D1 (waiting_on counts exactly the unmet dependencies) holds at every step.
+    Jobs that depend on a job that was reset are exempt from the first two: a reset does not
+    recall dependents already released (README)."""
     rng = random.Random(13)
-    for _round in range(5):
+    for _round in range(6):
         ids: list[JobId] = []
         rules: dict[JobId, str] = {}
+        was_reset: set[JobId] = set()
         for _n in range(25):
             deps = rng.sample(ids, k=min(len(ids), rng.randint(0, 3)))
             rule = rng.choice(["cancel", "run"])
@@ -241,7 +248,7 @@ def test_random_graphs_complete_in_any_order_and_keep_the_rules(conn: Conn) -> N
             if not batch:
                 break
             for job in batch:
-                for dep in job.dependencies:
+                for dep in set(job.dependencies) - was_reset:
                     state = get(conn, dep).state
                     assert state is JobState.SUCCEEDED or (
                         rules[job.id] == "run" and state.is_terminal
@@ -255,14 +262,28 @@ def test_random_graphs_complete_in_any_order_and_keep_the_rules(conn: Conn) -> N
                     )  # fmt: skip
                 else:
                     db.succeed(conn, SCHEMA, job.lease, [(job.id, None)])
+            target = rng.choice(ids)
+            state = get(conn, target).state
+            if state.is_terminal and len(was_reset) < 6 and rng.random() < 0.3:
+                pgq.reset_job(conn, target)
+                was_reset.add(target)
+            elif state is JobState.PENDING and rng.random() < 0.1:
+                pgq.cancel_job(conn, target)
+            assert violations(conn) == []
         for job_id in ids:
             record = get(conn, job_id)
-            assert record.state.is_terminal, record
-            if record.state is JobState.CANCELLED:
+            if not record.state.is_terminal:
+                # only a reset job waits on a failed dependency (or on a job that does)
+                assert record.state is JobState.PENDING and record.waiting_on > 0, record
+                assert was_reset, record
+                continue
+            if record.state is JobState.CANCELLED and record.error_data is not None:
                 assert isinstance(record.error_data, dict)
                 named = record.error_data["dependency"]
                 assert isinstance(named, str) and record.depends_on is not None
                 assert JobId(uuid.UUID(named)) in record.depends_on
+                if JobId(uuid.UUID(named)) in was_reset:
+                    continue
                 assert get(conn, JobId(uuid.UUID(named))).state in (
                     JobState.FAILED,
                     JobState.CANCELLED,
@@ -309,6 +330,7 @@ def test_dependencies_of_shared_dependents_end_concurrently_without_deadlock(
             rng.shuffle(batch)  # each batch ends its jobs in a different order
         failing = {job.id for job in batches[0] + batches[1]}
         assert _end_at_once(dsn, batches, failing=2) == set(deps)
+        assert violations(conn) == []
         for job_id, its in dependents.items():
             record = get(conn, job_id)
             if failing & set(its):
