@@ -135,12 +135,19 @@ END $$;
 
 -- A job with dependents reached a terminal state, or left one (reset). Its waiting dependents
 -- are locked in id order (two dependencies of one job finishing at once queue on it rather
--- than deadlock, as far as one row's dependents go).
+-- than deadlock, as far as one row's dependents go; completions lock them before, see
+-- `succeed` in queries.sql).
+-- A failure dooms the waiting dependents under 'cancel', theirs, and so on: found by one
+-- recursive query and cancelled by one UPDATE, whose own trigger calls find nothing left to
+-- cancel. A trigger recursion per level would exhaust the stack on a long chain (1,000 did).
 CREATE FUNCTION job_release_dependents() RETURNS trigger
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
     d record;
     left_ integer;
+    doomed_ids uuid[];
+    causes uuid[];
+    cause_states text[];
     ready text[] := ARRAY[]::text[];
     stopped uuid[] := ARRAY[]::uuid[];
 BEGIN
@@ -156,31 +163,57 @@ BEGIN
           AND j.state = 'pending' AND j.waiting_on > 0;
         RETURN NULL;
     END IF;
+
+    IF NEW.state <> 'succeeded' THEN
+        -- each doomed job names the dependency it waited on (this one if it did)
+        WITH RECURSIVE doomed(id, cause, cause_state) AS (
+            SELECT w.id, NEW.id, NEW.state::text
+            FROM job_dependency e JOIN job w ON w.id = e.job_id
+            WHERE e.depends_on = NEW.id AND w.state = 'pending' AND w.waiting_on > 0
+              AND w.on_dependency_failure = 'cancel'
+          UNION
+            SELECT w.id, x.id, 'cancelled'
+            FROM doomed x
+            JOIN job_dependency e ON e.depends_on = x.id
+            JOIN job w ON w.id = e.job_id
+            WHERE w.state = 'pending' AND w.waiting_on > 0 AND w.on_dependency_failure = 'cancel'
+        )
+        SELECT array_agg(c.id ORDER BY c.id), array_agg(c.cause ORDER BY c.id),
+               array_agg(c.cause_state ORDER BY c.id)
+        INTO doomed_ids, causes, cause_states
+        FROM (SELECT DISTINCT ON (x.id) x.id, x.cause, x.cause_state FROM doomed x
+              ORDER BY x.id, x.cause = NEW.id DESC, x.cause) c;
+        IF doomed_ids IS NOT NULL THEN
+            PERFORM 1 FROM job WHERE id = ANY(doomed_ids) ORDER BY id FOR NO KEY UPDATE;
+            WITH cancelled AS (
+                UPDATE job j SET state = 'cancelled', stopped_at = now(), waiting_on = 0,
+                    error_msg = format('dependency %s %s', c.cause, c.cause_state),
+                    error_data = jsonb_build_object('dependency', c.cause,
+                                                    'dependency_state', c.cause_state),
+                    updated_at = now()
+                FROM unnest(doomed_ids, causes, cause_states) AS c(id, cause, cause_state)
+                WHERE j.id = c.id AND j.state = 'pending'
+                RETURNING j.id
+            )
+            SELECT array_agg(id) INTO stopped FROM cancelled;
+            stopped := coalesce(stopped, ARRAY[]::uuid[]);
+        END IF;
+    END IF;
+
+    -- what is left waiting on it is released by its end: all of them on a success, those
+    -- under 'run' on a failure
     FOR d IN
-        SELECT w.id, w.type, w.start_at, w.on_dependency_failure
+        SELECT w.id, w.type, w.start_at
         FROM job_dependency e JOIN job w ON w.id = e.job_id
         WHERE e.depends_on = NEW.id AND w.state = 'pending' AND w.waiting_on > 0
         ORDER BY w.id
         FOR NO KEY UPDATE OF w
     LOOP
-        IF NEW.state = 'succeeded' OR d.on_dependency_failure = 'run' THEN
-            UPDATE job SET waiting_on = waiting_on - 1, updated_at = now()
-            WHERE id = d.id AND state = 'pending' AND waiting_on > 0
-            RETURNING waiting_on INTO left_;
-            IF left_ = 0 AND d.start_at <= now() THEN
-                ready := array_append(ready, d.type);
-            END IF;
-        ELSE
-            -- fires this trigger again for d's own dependents: the cancel cascades
-            UPDATE job SET state = 'cancelled', stopped_at = now(), waiting_on = 0,
-                           error_msg = format('dependency %s %s', NEW.id, NEW.state),
-                           error_data = jsonb_build_object('dependency', NEW.id,
-                                                           'dependency_state', NEW.state),
-                           updated_at = now()
-            WHERE id = d.id AND state = 'pending';
-            IF FOUND THEN
-                stopped := array_append(stopped, d.id);
-            END IF;
+        UPDATE job SET waiting_on = waiting_on - 1, updated_at = now()
+        WHERE id = d.id AND state = 'pending' AND waiting_on > 0
+        RETURNING waiting_on INTO left_;
+        IF left_ = 0 AND d.start_at <= now() THEN
+            ready := array_append(ready, d.type);
         END IF;
     END LOOP;
     PERFORM pg_notify('pgq_job_available', t.type) FROM (SELECT DISTINCT unnest(ready) AS type) t;

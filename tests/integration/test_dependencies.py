@@ -339,3 +339,18 @@ def test_dependencies_of_shared_dependents_end_concurrently_without_deadlock(
                 assert (record.state, record.waiting_on) == (JobState.PENDING, 0), record
         for job in claim(conn, ["u"], limit=100):
             db.succeed(conn, SCHEMA, job.lease, [(job.id, None)])
+
+
+def test_a_failure_cancels_a_long_chain_of_dependents_in_one_go(conn: Conn) -> None:
+    """One recursive statement, not a trigger call per level: 1,000 levels once exhausted
+    PostgreSQL's stack and the failure could not be written at all."""
+    first = previous = pgq.enqueue(conn, "t")
+    chain = []
+    for _ in range(1000):
+        previous = pgq.enqueue(conn, "u", depends_on=[previous])
+        chain.append(previous)
+    _fail(conn, first)
+    assert count_rows(conn, where="state = 'cancelled'") == 1000
+    assert get(conn, chain[0]).error_msg == f"dependency {first} failed"
+    assert get(conn, chain[-1]).error_msg == f"dependency {chain[-2]} cancelled"
+    assert violations(conn) == []
