@@ -3,12 +3,14 @@ or cancelled dependency cancels it (or not, under "run"); the edges are checked 
 
 from __future__ import annotations
 
+import asyncio
 import random
 import threading
 import uuid
 
 import psycopg
 import pytest
+from psycopg_pool import ConnectionPool
 
 import pgq_supervisor as pgq
 from pgq_supervisor import db, testing
@@ -354,3 +356,26 @@ def test_a_failure_cancels_a_long_chain_of_dependents_in_one_go(conn: Conn) -> N
     assert get(conn, chain[0]).error_msg == f"dependency {first} failed"
     assert get(conn, chain[-1]).error_msg == f"dependency {chain[-2]} cancelled"
     assert violations(conn) == []
+
+
+def test_enqueue_async_and_the_producer_take_dependencies(dsn: str, conn: Conn) -> None:
+    first = pgq.enqueue(conn, "t")
+    ghost = JobId(uuid.uuid4())
+
+    async def scenario() -> pgq.JobId:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as aconn:
+            with pytest.raises(pgq.InvalidInput, match=f"unknown dependency {ghost}"):
+                await pgq.enqueue_async(aconn, "u", depends_on=[ghost])
+            return await pgq.enqueue_async(
+                aconn, "u", depends_on=[first], on_dependency_failure="run"
+            )
+
+    dependent = asyncio.run(scenario())
+    with ConnectionPool(dsn, min_size=1, max_size=1, open=True) as pool:
+        via_pool = pgq.Producer(pool).enqueue("u", depends_on=[first])
+    assert count_rows(conn) == 3
+    assert [get(conn, i).waiting_on for i in (dependent, via_pool)] == [1, 1]
+    assert get(conn, dependent).on_dependency_failure == "run"
+    _fail(conn, first)
+    assert get(conn, dependent).waiting_on == 0
+    assert get(conn, via_pool).state is JobState.CANCELLED
