@@ -379,3 +379,52 @@ def test_enqueue_async_and_the_producer_take_dependencies(dsn: str, conn: Conn) 
     _fail(conn, first)
     assert get(conn, dependent).waiting_on == 0
     assert get(conn, via_pool).state is JobState.CANCELLED
+
+
+def _enqueue_while_ending(
+    dsn: str, after: list[pgq.NewJob], batch: list[pgq.Job], fail: bool
+) -> list[JobId]:
+    """Enqueue `after` on one connection while another ends `batch` (in reverse order), both
+    released together by a barrier; returns the enqueued ids."""
+    start = threading.Barrier(2)
+
+    def race(i: int) -> list[JobId]:
+        with psycopg.connect(dsn, autocommit=True) as own:
+            start.wait(timeout=30)
+            if i == 0:
+                return pgq.enqueue_many(own, after)
+            if fail:
+                db.end_attempt(
+                    own, SCHEMA, [job.id for job in batch], error="x",
+                    kind=AttemptKind.PERMANENT, lease=batch[0].lease, allow_retry=False,
+                )  # fmt: skip
+            else:
+                results = [(job.id, None) for job in reversed(batch)]
+                db.succeed(own, SCHEMA, batch[0].lease, results)
+            return []
+
+    return in_threads(2, race)[0]
+
+
+def test_enqueue_racing_the_end_of_its_dependencies_never_strands_a_job(
+    conn: Conn, dsn: str
+) -> None:
+    """Dependents enqueued at the moment their dependencies end (succeed, or fail) are
+    released (or cancelled) all the same: the enqueue locks the dependencies, so either their
+    end committed first and is read, or it waits and then finds the new edges."""
+    rng = random.Random(3)
+    for _round in range(15):
+        deps = pgq.enqueue_many(conn, [pgq.NewJob("t") for _ in range(4)])
+        (batch,) = [claim(conn, ["t"], limit=4)]
+        fail = rng.random() < 0.3
+        after = [pgq.NewJob("u", depends_on=rng.sample(deps, 4)) for _ in range(5)]
+        dependents = _enqueue_while_ending(dsn, after, batch, fail)
+        assert violations(conn) == []
+        for job_id in dependents:
+            record = get(conn, job_id)
+            if fail:
+                assert record.state is JobState.CANCELLED, record
+            else:
+                assert (record.state, record.waiting_on) == (JobState.PENDING, 0), record
+        for job in claim(conn, ["u"], limit=10):
+            db.succeed(conn, SCHEMA, job.lease, [(job.id, None)])
