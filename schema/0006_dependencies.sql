@@ -133,22 +133,94 @@ BEGIN
     GROUP BY k.chunk;
 END $$;
 
--- A job with dependents reached a terminal state, or left one (reset). Its waiting dependents
--- are locked in id order (two dependencies of one job finishing at once queue on it rather
--- than deadlock, as far as one row's dependents go; completions lock them before, see
--- `succeed` in queries.sql).
--- A failure dooms the waiting dependents under 'cancel', theirs, and so on: found by one
--- recursive query and cancelled by one UPDATE, whose own trigger calls find nothing left to
--- cancel. A trigger recursion per level would exhaust the stack on a long chain (1,000 did).
-CREATE FUNCTION job_release_dependents() RETURNS trigger
+-- A dependency that ends without success (or is deleted) dooms its waiting dependents under
+-- 'cancel', theirs, and so on: found by one recursive query and cancelled by one UPDATE, whose
+-- own trigger calls find nothing left to cancel. (A trigger recursion per level exhausted the
+-- stack on a chain of 1,000.) Each names the dependency it waited on; returns their ids.
+CREATE FUNCTION dependency_doom(p_root uuid, p_state text) RETURNS uuid[]
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    doomed_ids uuid[];
+    causes uuid[];
+    cause_states text[];
+    stopped uuid[];
+BEGIN
+    WITH RECURSIVE doomed(id, cause, cause_state) AS (
+        SELECT w.id, p_root, p_state
+        FROM job_dependency e JOIN job w ON w.id = e.job_id
+        WHERE e.depends_on = p_root AND w.state = 'pending' AND w.waiting_on > 0
+          AND w.on_dependency_failure = 'cancel'
+      UNION
+        SELECT w.id, x.id, 'cancelled'
+        FROM doomed x
+        JOIN job_dependency e ON e.depends_on = x.id
+        JOIN job w ON w.id = e.job_id
+        WHERE w.state = 'pending' AND w.waiting_on > 0 AND w.on_dependency_failure = 'cancel'
+    )
+    SELECT array_agg(c.id ORDER BY c.id), array_agg(c.cause ORDER BY c.id),
+           array_agg(c.cause_state ORDER BY c.id)
+    INTO doomed_ids, causes, cause_states
+    FROM (SELECT DISTINCT ON (x.id) x.id, x.cause, x.cause_state FROM doomed x
+          ORDER BY x.id, x.cause = p_root DESC, x.cause) c;
+    IF doomed_ids IS NULL THEN
+        RETURN ARRAY[]::uuid[];
+    END IF;
+    PERFORM 1 FROM job WHERE id = ANY(doomed_ids) ORDER BY id FOR NO KEY UPDATE;
+    WITH cancelled AS (
+        UPDATE job j SET state = 'cancelled', stopped_at = now(), waiting_on = 0,
+            error_msg = format('dependency %s %s', c.cause, c.cause_state),
+            error_data = jsonb_build_object('dependency', c.cause,
+                                            'dependency_state', c.cause_state),
+            updated_at = now()
+        FROM unnest(doomed_ids, causes, cause_states) AS c(id, cause, cause_state)
+        WHERE j.id = c.id AND j.state = 'pending'
+        RETURNING j.id
+    )
+    SELECT array_agg(id) INTO stopped FROM cancelled;
+    RETURN coalesce(stopped, ARRAY[]::uuid[]);
+END $$;
+
+-- Every job still waiting on p_root counts it as met now; returns the types of those that
+-- became claimable.
+CREATE FUNCTION dependency_release(p_root uuid) RETURNS text[]
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
     d record;
     left_ integer;
-    doomed_ids uuid[];
-    causes uuid[];
-    cause_states text[];
     ready text[] := ARRAY[]::text[];
+BEGIN
+    FOR d IN
+        SELECT w.id, w.type, w.start_at
+        FROM job_dependency e JOIN job w ON w.id = e.job_id
+        WHERE e.depends_on = p_root AND w.state = 'pending' AND w.waiting_on > 0
+        ORDER BY w.id
+        FOR NO KEY UPDATE OF w
+    LOOP
+        UPDATE job SET waiting_on = waiting_on - 1, updated_at = now()
+        WHERE id = d.id AND state = 'pending' AND waiting_on > 0
+        RETURNING waiting_on INTO left_;
+        IF left_ = 0 AND d.start_at <= now() THEN
+            ready := array_append(ready, d.type);
+        END IF;
+    END LOOP;
+    RETURN ready;
+END $$;
+
+CREATE FUNCTION dependency_notify(p_ready text[], p_stopped uuid[]) RETURNS void
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+BEGIN
+    PERFORM pg_notify('pgq_job_available', t.type)
+    FROM (SELECT DISTINCT unnest(p_ready) AS type) t;
+    PERFORM pg_notify('pgq_job_stopped', string_agg(k.id::text, ','))
+    FROM (SELECT id, (row_number() OVER () - 1) / 200 AS chunk FROM unnest(p_stopped) AS id) k
+    GROUP BY k.chunk;
+END $$;
+
+-- A job with dependents reached a terminal state, or left one (reset). Waiting dependents are
+-- locked in id order (completions lock them before their batch, see `succeed` in queries.sql).
+CREATE FUNCTION job_release_dependents() RETURNS trigger
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
     stopped uuid[] := ARRAY[]::uuid[];
 BEGIN
     IF NEW.state NOT IN ('succeeded', 'failed', 'cancelled') THEN
@@ -163,63 +235,11 @@ BEGIN
           AND j.state = 'pending' AND j.waiting_on > 0;
         RETURN NULL;
     END IF;
-
     IF NEW.state <> 'succeeded' THEN
-        -- each doomed job names the dependency it waited on (this one if it did)
-        WITH RECURSIVE doomed(id, cause, cause_state) AS (
-            SELECT w.id, NEW.id, NEW.state::text
-            FROM job_dependency e JOIN job w ON w.id = e.job_id
-            WHERE e.depends_on = NEW.id AND w.state = 'pending' AND w.waiting_on > 0
-              AND w.on_dependency_failure = 'cancel'
-          UNION
-            SELECT w.id, x.id, 'cancelled'
-            FROM doomed x
-            JOIN job_dependency e ON e.depends_on = x.id
-            JOIN job w ON w.id = e.job_id
-            WHERE w.state = 'pending' AND w.waiting_on > 0 AND w.on_dependency_failure = 'cancel'
-        )
-        SELECT array_agg(c.id ORDER BY c.id), array_agg(c.cause ORDER BY c.id),
-               array_agg(c.cause_state ORDER BY c.id)
-        INTO doomed_ids, causes, cause_states
-        FROM (SELECT DISTINCT ON (x.id) x.id, x.cause, x.cause_state FROM doomed x
-              ORDER BY x.id, x.cause = NEW.id DESC, x.cause) c;
-        IF doomed_ids IS NOT NULL THEN
-            PERFORM 1 FROM job WHERE id = ANY(doomed_ids) ORDER BY id FOR NO KEY UPDATE;
-            WITH cancelled AS (
-                UPDATE job j SET state = 'cancelled', stopped_at = now(), waiting_on = 0,
-                    error_msg = format('dependency %s %s', c.cause, c.cause_state),
-                    error_data = jsonb_build_object('dependency', c.cause,
-                                                    'dependency_state', c.cause_state),
-                    updated_at = now()
-                FROM unnest(doomed_ids, causes, cause_states) AS c(id, cause, cause_state)
-                WHERE j.id = c.id AND j.state = 'pending'
-                RETURNING j.id
-            )
-            SELECT array_agg(id) INTO stopped FROM cancelled;
-            stopped := coalesce(stopped, ARRAY[]::uuid[]);
-        END IF;
+        stopped := dependency_doom(NEW.id, NEW.state::text);
     END IF;
-
-    -- what is left waiting on it is released by its end: all of them on a success, those
-    -- under 'run' on a failure
-    FOR d IN
-        SELECT w.id, w.type, w.start_at
-        FROM job_dependency e JOIN job w ON w.id = e.job_id
-        WHERE e.depends_on = NEW.id AND w.state = 'pending' AND w.waiting_on > 0
-        ORDER BY w.id
-        FOR NO KEY UPDATE OF w
-    LOOP
-        UPDATE job SET waiting_on = waiting_on - 1, updated_at = now()
-        WHERE id = d.id AND state = 'pending' AND waiting_on > 0
-        RETURNING waiting_on INTO left_;
-        IF left_ = 0 AND d.start_at <= now() THEN
-            ready := array_append(ready, d.type);
-        END IF;
-    END LOOP;
-    PERFORM pg_notify('pgq_job_available', t.type) FROM (SELECT DISTINCT unnest(ready) AS type) t;
-    PERFORM pg_notify('pgq_job_stopped', string_agg(k.id::text, ','))
-    FROM (SELECT id, (row_number() OVER () - 1) / 200 AS chunk FROM unnest(stopped) AS id) k
-    GROUP BY k.chunk;
+    -- what still waits on it now is released: everything on a success, 'run' on a failure
+    PERFORM dependency_notify(dependency_release(NEW.id), stopped);
     RETURN NULL;
 END $$;
 
@@ -252,3 +272,26 @@ CREATE TRIGGER job_recount_waiting BEFORE UPDATE OF state ON job
     FOR EACH ROW
     WHEN (NEW.depends_on IS NOT NULL AND OLD.state IS DISTINCT FROM NEW.state)
     EXECUTE FUNCTION job_recount_waiting();
+
+-- A job with dependents deleted by hand (or with its bundle) will never succeed: its waiting
+-- dependents under 'cancel' are cancelled ("dependency <id> deleted"), and those under 'run'
+-- that still counted it unmet are released. BEFORE the delete: the edges go with the row.
+-- A succeeded one (what retention deletes) was counted as met already: nothing to do.
+CREATE FUNCTION job_dependency_deleted() RETURNS trigger
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    stopped uuid[];
+BEGIN
+    IF OLD.state <> 'succeeded' THEN
+        stopped := dependency_doom(OLD.id, 'deleted');
+        PERFORM dependency_notify(
+            CASE WHEN OLD.state IN ('pending', 'running') THEN dependency_release(OLD.id)
+                 ELSE ARRAY[]::text[] END,
+            stopped);
+    END IF;
+    RETURN OLD;
+END $$;
+
+CREATE TRIGGER job_dependency_deleted BEFORE DELETE ON job
+    FOR EACH ROW WHEN (OLD.has_dependents)
+    EXECUTE FUNCTION job_dependency_deleted();

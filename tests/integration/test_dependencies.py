@@ -428,3 +428,21 @@ def test_enqueue_racing_the_end_of_its_dependencies_never_strands_a_job(
                 assert (record.state, record.waiting_on) == (JobState.PENDING, 0), record
         for job in claim(conn, ["u"], limit=10):
             db.succeed(conn, SCHEMA, job.lease, [(job.id, None)])
+
+
+def test_deleting_a_dependency_by_hand_cancels_or_releases_its_waiting_dependents(
+    conn: Conn,
+) -> None:
+    a, b = pgq.enqueue(conn, "t"), pgq.enqueue(conn, "v")
+    doomed = pgq.enqueue(conn, "u", depends_on=[a])
+    runs = pgq.enqueue(conn, "u", depends_on=[a, b], on_dependency_failure="run")
+    later = pgq.enqueue(conn, "u", depends_on=[doomed])
+    _succeed(conn, b, "v")
+    released = pgq.enqueue(conn, "u", depends_on=[b])
+    conn.execute("DELETE FROM pgq.job WHERE id = ANY(%s)", ([a, b],))
+    assert get(conn, doomed).error_msg == f"dependency {a} deleted"
+    assert get(conn, later).error_msg == f"dependency {doomed} cancelled"
+    assert (get(conn, runs).state, get(conn, runs).waiting_on) == (JobState.PENDING, 0)
+    assert get(conn, released).waiting_on == 0
+    assert violations(conn) == []
+    assert count_rows(conn, "job_dependency") == 1  # later -> doomed

@@ -172,6 +172,10 @@ TRIGGERS = {
         " IS DISTINCT FROM (new.state = ANY (" + _TERMINAL + ")))))"
         " EXECUTE FUNCTION {s}.job_release_dependents()"
     ),
+    "job_dependency_deleted": (
+        "CREATE TRIGGER job_dependency_deleted BEFORE DELETE ON {s}.job FOR EACH ROW"
+        " WHEN (old.has_dependents) EXECUTE FUNCTION {s}.job_dependency_deleted()"
+    ),
     "job_recount_waiting": (
         "CREATE TRIGGER job_recount_waiting BEFORE UPDATE OF state ON {s}.job FOR EACH ROW"
         " WHEN (((new.depends_on IS NOT NULL) AND (old.state IS DISTINCT FROM new.state)))"
@@ -187,6 +191,10 @@ FUNCTIONS = {
     "link_dependencies",
     "job_release_dependents",
     "job_recount_waiting",
+    "job_dependency_deleted",
+    "dependency_doom",
+    "dependency_release",
+    "dependency_notify",
 }
 
 
