@@ -4,9 +4,10 @@
 -- met, and only waiting_on = 0 jobs are in job_claim_idx: a waiting job is never visited by a
 -- claim, however many there are. When a dependency reaches a terminal state, the row trigger
 -- below decrements its waiting dependents (success, or any end under 'run') or cancels them
--- (failure or cancel under 'cancel'), which cascades through the same trigger. Only jobs that
--- have dependents (has_dependents, set when a dependent is linked) fire it, so the completion
--- of an ordinary job costs a WHEN test and nothing more.
+-- (failure or cancel under 'cancel', and their own dependents in the same statement: see
+-- dependency_doom). Only jobs that have dependents (has_dependents, set when a dependent is
+-- linked) fire it, so the completion of an ordinary job costs a WHEN test and nothing more
+-- (plus, in `succeed`, one probe of job_dependency's index for the ordered pre-lock).
 --
 -- A dependency that is reset (terminal -> pending) counts as unmet again for the dependents
 -- still waiting; dependents already released (waiting_on reached 0, or cancelled) are left
