@@ -5,6 +5,10 @@ A timed drain: fill the job table, VACUUM ANALYZE + CHECKPOINT, close the start 
 wait until no job is pending or running, stop the supervisor with SIGTERM (it must exit 0), then
 read the figure from the job rows: jobs / (last `stopped_at` - gate opening), both by the
 database clock. Every job must have succeeded on its first attempt: done exactly once.
+
+`waiting=N` (the `deps` group) adds N jobs of the drained type that wait, all through the
+drain, on a job nobody serves: they sit in the table (higher priority than the drained jobs,
+so a claim that walked them would meet them first) and are left out of the counts.
 """
 
 from __future__ import annotations
@@ -28,6 +32,9 @@ from benchmarks.server import SCHEMA, StartGate, settle
 from pgq_supervisor.jobs import JsonValue
 
 GATE_TIMEOUT = 60.0
+BLOCKER = "bench_blocker"  # a type no benchmark worker serves
+# the drained jobs: neither the blocker nor the jobs waiting for it
+DRAINED = "depends_on IS NULL AND NOT has_dependents"
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,12 +59,19 @@ class Drained:
         }
 
 
-def fill(dsn: str, n: int, job_type: str, payload: JsonValue) -> None:
+def fill(dsn: str, n: int, job_type: str, payload: JsonValue, waiting: int = 0) -> None:
     reset(dsn)
     with psycopg.connect(dsn) as conn:
         for i in range(0, n, BULK_CHUNK):
             size = min(BULK_CHUNK, n - i)
             pgq.enqueue_many(conn, [pgq.NewJob(job_type, payload)] * size, schema=SCHEMA)
+            conn.commit()
+        if waiting:
+            blocker = pgq.enqueue(conn, BLOCKER, schema=SCHEMA)
+            dependent = pgq.NewJob(job_type, payload, priority=1, depends_on=[blocker])
+            for i in range(0, waiting, BULK_CHUNK):
+                size = min(BULK_CHUNK, waiting - i)
+                pgq.enqueue_many(conn, [dependent] * size, schema=SCHEMA)
             conn.commit()
     settle(dsn, ["pgq.job"])
 
@@ -65,7 +79,7 @@ def fill(dsn: str, n: int, job_type: str, payload: JsonValue) -> None:
 def unfinished(conn: psycopg.Connection[TupleRow]) -> bool:
     """Is any job still pending or running? (Cheap: stops at the first such row.)"""
     row = conn.execute(
-        "SELECT EXISTS (SELECT 1 FROM pgq.job WHERE state IN ('pending', 'running'))"
+        f"SELECT EXISTS (SELECT 1 FROM pgq.job WHERE state IN ('pending', 'running') AND {DRAINED})"
     ).fetchone()
     return row is None or bool(row[0])
 
@@ -90,9 +104,10 @@ def run_drain(
     payload: JsonValue = None,
     gate: bool = True,
     supervisor_args: Sequence[str] = (),
+    waiting: int = 0,
 ) -> Drained:
     """One timed drain of `n` pre-enqueued jobs by a supervisor with `procs` children."""
-    fill(dsn, n, job_type, {} if payload is None else payload)
+    fill(dsn, n, job_type, {} if payload is None else payload, waiting)
     start_gate = StartGate(dsn, "pgq.job", "pgq-worker") if gate else None
     opened_at: float | None = None
     try:
@@ -129,10 +144,10 @@ def run_drain(
     finally:
         if start_gate is not None:
             start_gate.close()
-    return verify(dsn, n, opened_at)
+    return verify(dsn, n, opened_at, waiting)
 
 
-def verify(dsn: str, n: int, opened_at: float | None) -> Drained:
+def verify(dsn: str, n: int, opened_at: float | None, waiting: int = 0) -> Drained:
     """Every job succeeded on its first attempt; the time from the start to the last completion."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute(
@@ -144,12 +159,17 @@ def verify(dsn: str, n: int, opened_at: float | None) -> Drained:
                    extract(epoch FROM max(stopped_at))::float8,
                    count(DISTINCT worker_id),
                    avg((result->>'s')::float8)
-            FROM pgq.job
-            """
+            FROM pgq.job WHERE """
+            + DRAINED
+        ).fetchone()
+        still = conn.execute(
+            "SELECT count(*) FROM pgq.job WHERE state = 'pending' AND waiting_on = 1"
         ).fetchone()
     if row is None:
         raise BenchError("no job rows")
     total, once, first_start, last_stop, workers, mean_s = row
+    if still is None or still[0] != waiting:
+        raise BenchError(f"{waiting} jobs should still wait, {still} do")
     if total != n or once != n:
         raise BenchError(
             f"{n} jobs enqueued, {total} found, {once} succeeded on their first attempt"

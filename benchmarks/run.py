@@ -40,6 +40,7 @@ from benchmarks.server import Scratch, Server, find_server
 RESULTS_DIR = ROOT / "benchmarks" / "results"
 # the one non-default setting the harness measures, beside the default, for comparison
 QUIET_LOG = ("--log-level", "warning")
+DEPS_WAITING = 10_000  # the deps group: jobs left waiting in the table through a drain
 
 
 class Bench:
@@ -72,6 +73,9 @@ class Bench:
         if "drain" in o.groups:
             for r in runs:
                 steps += self.drain_steps(r, active_peers)
+        if "deps" in o.groups:
+            for r in runs:
+                steps += self.deps_steps(r)
         if "cpu" in o.groups:
             steps.append(Step("calibrate the CPU-bound job", self.calibrate, ()))
             for r in runs:
@@ -152,6 +156,12 @@ class Bench:
         for p in shown:
             target = Target(">=", 1.5) if p == "pgqueuer" else None
             self.order.append(Ratio(f"ours / {p}", tuple(drains), f"peer.{p}.drain", target))
+        if "deps" in self.opts.groups:
+            self.order += [
+                "deps.plain",
+                "deps.waiting",
+                Ratio("with / without waiting", ("deps.waiting",), "deps.plain", Target(">=", 0.9)),
+            ]
         self.order += [f"cpu.procs_{p}" for p in self.cpu_procs]
         if len(self.cpu_procs) >= 2:
             self.order.append(
@@ -277,6 +287,30 @@ class Bench:
                 )
             )
         return steps
+
+    def deps_steps(self, r: int) -> list[Step]:
+        """The same drain without and with 10,000 jobs waiting on dependencies, back to back:
+        waiting jobs are out of the claim's index, so they should cost nothing."""
+        o = self.opts
+        procs = self.quiet_procs
+        plain = self.results.measure(
+            "deps.plain", f"drain no-op jobs, {procs} procs (deps group: nothing waiting)", "jobs/s"
+        )
+        waiting = self.results.measure(
+            "deps.waiting", f"the same with {DEPS_WAITING:,} jobs waiting on dependencies", "jobs/s"
+        )
+
+        def run(n_waiting: int) -> Callable[[], drain.Drained]:
+            return lambda: drain.run_drain(
+                self.dsn, procs, o.drain_jobs, gate=o.start_gate,
+                supervisor_args=o.supervisor_args, waiting=n_waiting,
+            )  # fmt: skip
+
+        tag = f"run {r}/{o.runs} deps: {o.drain_jobs:,} no-op jobs, --procs {procs}"
+        return [
+            self.drained_step(f"{tag}, nothing waiting", plain, run(0)),
+            self.drained_step(f"{tag}, {DEPS_WAITING:,} waiting", waiting, run(DEPS_WAITING)),
+        ]
 
     @property
     def quiet_procs(self) -> int:

@@ -29,6 +29,7 @@ from pgq_supervisor.errors import (
 from pgq_supervisor.jobs import (
     Bundle,
     BundleId,
+    DependencyFailure,
     Job,
     JobId,
     JobRecord,
@@ -44,6 +45,7 @@ __all__ = [
     "BundleId",
     "ConfigError",
     "DatabaseError",
+    "DependencyFailure",
     "InvalidInput",
     "InvalidTransition",
     "Job",

@@ -135,7 +135,8 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     if not rows:
         print("no jobs")
         return 0
-    headers = ["TYPE", "READY", "DELAYED", "RUNNING", *(s.value.upper() for s in FINISHED)]
+    headers = ["TYPE", "READY", "DELAYED", "WAITING", "RUNNING"]
+    headers += [s.value.upper() for s in FINISHED]
     body = [r.cells() for r in rows]
     if len(rows) > 1:
         body.append(total.cells())
@@ -272,20 +273,23 @@ class _StatusRow:
     counts: dict[JobState, int] = field(default_factory=lambda: dict.fromkeys(JobState, 0))
     ready: int = 0
     oldest_ready_age: float | None = None
+    # pending jobs waiting for their dependencies: neither ready nor delayed
+    waiting: int = 0
 
     def add(self, other: _StatusRow) -> None:
         for state, n in other.counts.items():
             self.counts[state] += n
         self.ready += other.ready
+        self.waiting += other.waiting
         if other.oldest_ready_age is not None:
             self.oldest_ready_age = max(self.oldest_ready_age or 0.0, other.oldest_ready_age)
 
     @property
     def delayed(self) -> int:
-        return self.counts[JobState.PENDING] - self.ready
+        return self.counts[JobState.PENDING] - self.ready - self.waiting
 
     def cells(self) -> list[str]:
-        numbers = [self.ready, self.delayed, self.counts[JobState.RUNNING]]
+        numbers = [self.ready, self.delayed, self.waiting, self.counts[JobState.RUNNING]]
         numbers += [self.counts[s] for s in FINISHED]
         age = "-" if self.oldest_ready_age is None else _age(self.oldest_ready_age)
         return [self.type, *map(str, numbers), age]
@@ -293,7 +297,7 @@ class _StatusRow:
     def to_json(self) -> dict[str, JsonValue]:
         out: dict[str, JsonValue] = {"type": self.type}
         out |= {s.value: n for s, n in self.counts.items()}
-        out |= {"ready": self.ready, "delayed": self.delayed}
+        out |= {"ready": self.ready, "delayed": self.delayed, "waiting": self.waiting}
         out["oldest_ready_age"] = self.oldest_ready_age
         return out
 
@@ -304,6 +308,7 @@ def _status_rows(stats: Sequence[TypeStats]) -> list[_StatusRow]:
         row = rows.setdefault(s.type, _StatusRow(s.type))
         row.counts[s.state] += s.count
         row.ready += s.ready
+        row.waiting += s.waiting
         if s.oldest_ready_age is not None:
             row.oldest_ready_age = max(row.oldest_ready_age or 0.0, s.oldest_ready_age)
     return [rows[t] for t in sorted(rows)]

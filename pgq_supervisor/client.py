@@ -17,6 +17,7 @@ from pgq_supervisor.jobs import (
     TERMINAL_STATES,
     Bundle,
     BundleId,
+    DependencyFailure,
     JobId,
     JobRecord,
     JobState,
@@ -38,6 +39,8 @@ class EnqueueOptions(TypedDict, total=False):
     unique_key: str | None
     origin: str | None
     timeout: float | None
+    depends_on: Sequence[JobId]
+    on_dependency_failure: DependencyFailure
 
 
 def _schema(schema: str | None) -> str:
@@ -53,6 +56,8 @@ def _new_job(
     unique_key: str | None,
     origin: str | None,
     timeout: float | None,
+    depends_on: Sequence[JobId],
+    on_dependency_failure: DependencyFailure,
 ) -> NewJob:
     return NewJob(
         type=type_,
@@ -63,6 +68,8 @@ def _new_job(
         unique_key=unique_key,
         origin=origin,
         timeout=timeout,
+        depends_on=depends_on,
+        on_dependency_failure=on_dependency_failure,
     )
 
 
@@ -77,6 +84,8 @@ def enqueue(
     unique_key: str | None = None,
     origin: str | None = None,
     timeout: float | None = None,
+    depends_on: Sequence[JobId] = (),
+    on_dependency_failure: DependencyFailure = "cancel",
     schema: str | None = None,
 ) -> JobId:
     """Insert one job in the caller's transaction and return its id.
@@ -84,8 +93,16 @@ def enqueue(
     With `unique_key` set and an unfinished job already holding that key, nothing is
     inserted and the existing job's id is returned. Raises InvalidInput for a bad type name,
     a payload that is not JSON, or bad options; nothing is written then.
+
+    With `depends_on`, the job is claimed only once every one of those jobs has succeeded;
+    if one fails or is cancelled, this job is cancelled ("dependency <id> failed"), or runs
+    anyway with `on_dependency_failure="run"`. The ids must exist (committed, or enqueued
+    earlier in this transaction): an unknown one raises InvalidInput naming it.
     """
-    job = _new_job(type, payload, priority, start_at, max_retry_count, unique_key, origin, timeout)
+    job = _new_job(
+        type, payload, priority, start_at, max_retry_count, unique_key, origin, timeout,
+        depends_on, on_dependency_failure,
+    )  # fmt: skip
     return db.enqueue(conn, _schema(schema), job)
 
 
@@ -100,10 +117,15 @@ async def enqueue_async(
     unique_key: str | None = None,
     origin: str | None = None,
     timeout: float | None = None,
+    depends_on: Sequence[JobId] = (),
+    on_dependency_failure: DependencyFailure = "cancel",
     schema: str | None = None,
 ) -> JobId:
     """`enqueue` for a psycopg.AsyncConnection."""
-    job = _new_job(type, payload, priority, start_at, max_retry_count, unique_key, origin, timeout)
+    job = _new_job(
+        type, payload, priority, start_at, max_retry_count, unique_key, origin, timeout,
+        depends_on, on_dependency_failure,
+    )  # fmt: skip
     return await db.enqueue_async(conn, _schema(schema), job)
 
 
@@ -113,6 +135,8 @@ def enqueue_many(
     """Insert many jobs in one statement (one notification per job type, not per row).
 
     Returns ids in input order; a job whose unique_key is taken gets the holder's id.
+    A job's `depends_on` may name jobs enqueued before this call (even in the same
+    transaction), not jobs of this batch: their ids are made here.
     """
     return db.enqueue_many(conn, _schema(schema), jobs)
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import NewType
+from typing import Literal, NewType
 from uuid import UUID
 
 JobId = NewType("JobId", UUID)
@@ -18,6 +18,9 @@ WorkerId = NewType("WorkerId", str)
 
 JsonValue = None | bool | int | float | str | list["JsonValue"] | dict[str, "JsonValue"]
 JsonObject = dict[str, JsonValue]
+
+# What becomes of a job when one of its dependencies fails or is cancelled.
+DependencyFailure = Literal["cancel", "run"]
 
 MAX_TYPE_LENGTH = 100
 _TYPE_RE = re.compile(r"^[^\s\x00]{1,100}$")
@@ -71,7 +74,12 @@ def check_type_name(type_: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class NewJob:
-    """A job to enqueue. `max_retry_count=None` and `timeout=None` mean the handler's default."""
+    """A job to enqueue. `max_retry_count=None` and `timeout=None` mean the handler's default.
+
+    `depends_on`: ids of existing jobs (committed, or enqueued earlier in the same
+    transaction) that must succeed before this one can be claimed. If one fails or is
+    cancelled, this job is cancelled too, or, with `on_dependency_failure="run"`, runs anyway.
+    """
 
     type: str
     payload: JsonValue = field(default_factory=dict)
@@ -81,6 +89,8 @@ class NewJob:
     unique_key: str | None = None
     origin: str | None = None
     timeout: float | None = None
+    depends_on: Sequence[JobId] = ()
+    on_dependency_failure: DependencyFailure = "cancel"
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +127,12 @@ class JobRecord:
     created_at: datetime
     updated_at: datetime
     progress: JsonValue  # the last value its handler reported (None: none yet)
+    # how many of its dependencies a pending job still waits for (0: it can be claimed)
+    waiting_on: int = 0
+    depends_on: list[JobId] | None = None
+    on_dependency_failure: DependencyFailure | None = None
+    # some job depends on this one (its terminal transitions release or cancel them)
+    has_dependents: bool = False
 
     @property
     def attempt(self) -> int:
@@ -137,6 +153,10 @@ class Job:
     timeout: float | None
     bundle_id: BundleId | None
     lease: LeaseToken
+    dependencies: tuple[JobId, ...] = ()
+    # the results of its dependencies as of the claim, by id (a purged one is missing); empty
+    # for a job without dependencies, which the claim does not look up
+    dependency_results: Mapping[JobId, JsonValue] = field(default_factory=dict)
 
     def report_progress(self, value: float | JsonObject) -> None:
         """Report how far this job has come: a number from 0 to 1, or a small JSON object
@@ -194,3 +214,5 @@ class TypeStats:
     count: int
     ready: int
     oldest_ready_age: float | None
+    # pending jobs that wait for dependencies (neither ready nor delayed)
+    waiting: int = 0

@@ -1,12 +1,18 @@
-"""Enqueue: validation, one job (sync and async), many jobs (INSERT or COPY), bundles."""
+"""Enqueue: validation, one job (sync and async), many jobs (INSERT or COPY), bundles.
+
+Jobs with dependencies are inserted waiting and then linked (`link_dependencies`, schema/0005)
+in one savepoint, so an unknown dependency id leaves nothing written.
+"""
 
 from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime
 
+import psycopg
 from psycopg.rows import scalar_row
 
 from pgq_supervisor.db import rows
@@ -15,6 +21,7 @@ from pgq_supervisor.db.params import (
     BundleParams,
     EnqueueManyParams,
     EnqueueRow,
+    LinkDependenciesParams,
     UniqueKeysParams,
     dump_json,
     new_id,
@@ -40,6 +47,51 @@ def _validate(job: NewJob) -> None:
         raise InvalidInput(f"timeout must be > 0 seconds, got {job.timeout}")
     if job.start_at is not None and job.start_at.tzinfo is None:
         raise InvalidInput("start_at must be timezone-aware")
+    if job.on_dependency_failure not in ("cancel", "run"):
+        raise InvalidInput(
+            f"on_dependency_failure must be 'cancel' or 'run', got {job.on_dependency_failure!r}"
+        )
+
+
+def _dependencies(job: NewJob) -> list[uuid.UUID] | None:
+    """The job's dependency ids, each once, in the order given (None: it has none)."""
+    if isinstance(job.depends_on, (str, bytes)):
+        raise InvalidInput("depends_on must be a sequence of job ids, not a string")
+    out: list[uuid.UUID] = []
+    for dep in job.depends_on:
+        if not isinstance(dep, uuid.UUID):
+            try:
+                dep = uuid.UUID(str(dep))
+            except ValueError:
+                raise InvalidInput(f"depends_on: {dep!r} is not a job id") from None
+        if dep not in out:
+            out.append(dep)
+    return out or None
+
+
+# The SQLSTATE link_dependencies raises for an id that names no job.
+_UNKNOWN_DEPENDENCY = "PGQ01"
+
+
+@contextmanager
+def _unknown_dependency() -> Iterator[None]:
+    try:
+        yield
+    except psycopg.Error as exc:
+        if exc.sqlstate != _UNKNOWN_DEPENDENCY:
+            raise
+        raise InvalidInput(exc.diag.message_primary or str(exc)) from exc
+
+
+def _link_params(
+    job_ids: Sequence[uuid.UUID], deps: Sequence[list[uuid.UUID] | None]
+) -> LinkDependenciesParams:
+    params: LinkDependenciesParams = {"jobs": [], "deps": []}
+    for job_id, its in zip(job_ids, deps, strict=True):
+        for dep in its or ():
+            params["jobs"].append(job_id)
+            params["deps"].append(dep)
+    return params
 
 
 def enqueue_params(job: NewJob) -> EnqueueRow:
@@ -54,11 +106,24 @@ def enqueue_params(job: NewJob) -> EnqueueRow:
         "unique_key": job.unique_key,
         "origin": job.origin,
         "timeout": job.timeout,
+        "depends_on": (deps := _dependencies(job)),
+        "on_dependency_failure": None if deps is None else job.on_dependency_failure,
     }
 
 
 def enqueue(conn: Conn, schema: str, job: NewJob) -> JobId:
     params = enqueue_params(job)
+    deps = params["depends_on"]
+    if deps is None:
+        return _enqueue_one(conn, schema, job, params)
+    with wrapped(), _unknown_dependency(), conn.transaction():
+        job_id = _enqueue_one(conn, schema, job, params)
+        if job_id == params["id"]:  # else its unique_key is held: that job's links stand
+            conn.execute(statement("link_dependencies", schema), _link_params([job_id], [deps]))
+        return job_id
+
+
+def _enqueue_one(conn: Conn, schema: str, job: NewJob, params: EnqueueRow) -> JobId:
     with wrapped():
         if job.unique_key is None:
             conn.execute(statement("enqueue", schema), params)
@@ -74,6 +139,21 @@ def enqueue(conn: Conn, schema: str, job: NewJob) -> JobId:
 
 async def enqueue_async(conn: AsyncConn, schema: str, job: NewJob) -> JobId:
     params = enqueue_params(job)
+    deps = params["depends_on"]
+    if deps is None:
+        return await _enqueue_one_async(conn, schema, job, params)
+    with wrapped(), _unknown_dependency():
+        async with conn.transaction():
+            job_id = await _enqueue_one_async(conn, schema, job, params)
+            if job_id == params["id"]:
+                link = _link_params([job_id], [deps])
+                await conn.execute(statement("link_dependencies", schema), link)
+            return job_id
+
+
+async def _enqueue_one_async(
+    conn: AsyncConn, schema: str, job: NewJob, params: EnqueueRow
+) -> JobId:
     with wrapped():
         if job.unique_key is None:
             await conn.execute(statement("enqueue", schema), params)
@@ -117,6 +197,8 @@ def enqueue_many_params(jobs: Sequence[NewJob], bundle_id: BundleId | None) -> E
     keys: list[str | None] = []
     origins: list[str | None] = []
     timeouts: list[float | None] = []
+    depends_ons: list[str | None] = []
+    on_failures: list[str | None] = []
     for job in jobs:
         _validate(job)
         types.append(job.type)
@@ -127,6 +209,9 @@ def enqueue_many_params(jobs: Sequence[NewJob], bundle_id: BundleId | None) -> E
         keys.append(job.unique_key)
         origins.append(job.origin)
         timeouts.append(job.timeout)
+        deps = _dependencies(job)
+        depends_ons.append(None if deps is None else "{" + ",".join(map(str, deps)) + "}")
+        on_failures.append(None if deps is None else job.on_dependency_failure)
     seen: set[str] = set()
     for key in keys:
         if key is not None:
@@ -144,6 +229,8 @@ def enqueue_many_params(jobs: Sequence[NewJob], bundle_id: BundleId | None) -> E
         "unique_keys": keys,
         "origins": origins,
         "timeouts": timeouts,
+        "depends_ons": depends_ons,
+        "on_dependency_failures": on_failures,
     }
 
 
@@ -169,10 +256,27 @@ def enqueue_many(
     if not jobs:
         return []
     params = enqueue_many_params(jobs, bundle_id)
-    out = [JobId(i) for i in params["ids"]]
+    if any(d is not None for d in params["depends_ons"]):
+        # Jobs of the batch cannot depend on each other (their ids are made here), so every
+        # edge points to a job that existed before: no cycle can form.
+        with wrapped(), _unknown_dependency(), conn.transaction():
+            out = _insert_many(conn, schema, jobs, params)
+            inserted = [(i, job_id) for i, job_id in enumerate(out) if job_id == params["ids"][i]]
+            deps = [_dependencies(jobs[i]) for i, _ in inserted]
+            link = _link_params([job_id for _, job_id in inserted], deps)
+            if link["jobs"]:
+                conn.execute(statement("link_dependencies", schema), link)
+            return out
     if not any(j.unique_key is not None or j.start_at is not None for j in jobs):
         _enqueue_copy(conn, schema, params)
-        return out
+        return [JobId(i) for i in params["ids"]]
+    return _insert_many(conn, schema, jobs, params)
+
+
+def _insert_many(
+    conn: Conn, schema: str, jobs: Sequence[NewJob], params: EnqueueManyParams
+) -> list[JobId]:
+    out = [JobId(i) for i in params["ids"]]
     with wrapped(), conn.cursor(row_factory=scalar_row) as cur:
         inserted: set[uuid.UUID] = set(
             cur.execute(statement("enqueue_many", schema), params).fetchall()

@@ -91,6 +91,9 @@ def lock_bundles(
 def _succeed_params(
     lease: LeaseToken, results: Sequence[tuple[JobId, str | None]]
 ) -> SucceedParams:
+    # in id order, the order the update then takes the rows in: the order everything else
+    # locks jobs in (lock_bundles, link_dependencies), so none of them can deadlock with it
+    results = sorted(results, key=lambda r: r[0])
     return {
         "ids": [r[0] for r in results],
         "results": [r[1] for r in results],

@@ -53,6 +53,8 @@ class EnqueueRow(TypedDict):
     unique_key: str | None
     origin: str | None
     timeout: float | None
+    depends_on: list[uuid.UUID] | None
+    on_dependency_failure: str | None
 
 
 class EnqueueManyParams(TypedDict):
@@ -68,6 +70,15 @@ class EnqueueManyParams(TypedDict):
     unique_keys: list[str | None]
     origins: list[str | None]
     timeouts: list[float | None]
+    depends_ons: list[str | None]
+    on_dependency_failures: list[str | None]
+
+
+class LinkDependenciesParams(TypedDict):
+    """`link_dependencies`: one edge per (jobs[i], deps[i])."""
+
+    jobs: list[uuid.UUID]
+    deps: list[uuid.UUID]
 
 
 class UniqueKeysParams(TypedDict):
@@ -219,6 +230,7 @@ PARAMS: dict[str, type] = {
     "enqueue_many": EnqueueManyParams,
     "enqueue_copy": NoParams,
     "unfinished_by_unique_keys": UniqueKeysParams,
+    "link_dependencies": LinkDependenciesParams,
     "insert_bundle": BundleParams,
     "claim": ClaimParams,
     "heartbeat": HeartbeatParams,

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import repeat
 from operator import itemgetter
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Generic, NamedTuple, Protocol, TypeVar
+from uuid import UUID
 
 from psycopg.pq import ExecStatus
 from psycopg.rows import RowMaker, no_result
@@ -27,6 +29,7 @@ from pgq_supervisor.jobs import (
     JobId,
     JobRecord,
     JobState,
+    JsonValue,
     LeaseToken,
     TypeStats,
 )
@@ -149,7 +152,27 @@ def _zero_if_null(value: object) -> object:
     return 0 if value is None else value
 
 
-JOB = NamedRow(Job)
+_NO_IDS: tuple[JobId, ...] = ()
+_NO_RESULTS: Mapping[JobId, JsonValue] = MappingProxyType({})
+
+
+def _ids(value: object) -> object:
+    """A uuid[] column (NULL: none) as a tuple of ids."""
+    if value is None:
+        return _NO_IDS
+    assert isinstance(value, list)
+    return tuple(value)
+
+
+def _results(value: object) -> object:
+    """A JSON object keyed by job id (NULL: none), keyed by JobId."""
+    if value is None:
+        return _NO_RESULTS
+    assert isinstance(value, dict)
+    return {JobId(UUID(k)): v for k, v in value.items()}
+
+
+JOB = NamedRow(Job, dependencies=_ids, dependency_results=_results)
 JOB_RECORD = NamedRow(JobRecord, state=_state)
 BUNDLE = NamedRow(Bundle)
 ENDED_ATTEMPT = NamedRow(EndedAttempt, new_state=_state)
@@ -160,6 +183,33 @@ JOB_STATE = NamedRow(JobStateRow, state=_state)
 CANCEL_RESULT = NamedRow(CancelResult, state=_state)
 
 DoneAndClaimed = tuple[list[JobId], list[Job]]
+
+
+def _batch_dependencies(column: list[object]) -> Iterable[object]:
+    """The batch's `dependencies` column: JSON arrays of ids (array_agg cannot stack uuid[]s of
+    different lengths), NULL for a job without dependencies."""
+    if not any(column):
+        return repeat(_NO_IDS)  # the common batch: nothing to convert
+    return [_json_ids(v) for v in column]
+
+
+def _json_ids(value: object) -> tuple[JobId, ...]:
+    if value is None:
+        return _NO_IDS
+    assert isinstance(value, list)
+    return tuple(JobId(UUID(str(i))) for i in value)
+
+
+def _batch_results(column: list[object]) -> Iterable[object]:
+    if not any(column):
+        return repeat(_NO_RESULTS)
+    return [_results(v) for v in column]
+
+
+_BATCH_CONVERT: dict[str, Callable[[list[object]], Iterable[object]]] = {
+    "dependencies": _batch_dependencies,
+    "dependency_results": _batch_results,
+}
 
 
 class DoneAndClaimedRow:
@@ -186,11 +236,14 @@ class DoneAndClaimedRow:
             done_ids = values[done]
             assert isinstance(done_ids, list)
             fields: list[Iterable[object]] = []
-            for p in positions:
+            for name, p in zip(JOB.columns, positions, strict=True):
                 column = repeat(lease) if p is None else values[p]
                 if column is None:  # nothing claimed: array_agg of no rows is NULL
                     return done_ids, []
                 assert isinstance(column, list | repeat)
+                convert = _BATCH_CONVERT.get(name)
+                if convert is not None and isinstance(column, list):
+                    column = convert(column)
                 fields.append(column)
             # the arrays have one length; repeat(lease) has none
             return done_ids, [Job(*job) for job in zip(*fields, strict=False)]

@@ -3,16 +3,21 @@
 
 -- name: enqueue
 -- One job without a unique_key: a plain insert (ON CONFLICT costs a speculative insertion).
-INSERT INTO {schema}.job (id, type, payload, priority, start_at, max_retry_count, origin, timeout)
+-- A job with dependencies goes in waiting (waiting_on > 0: out of the claim's index) until
+-- link_dependencies counts them.
+INSERT INTO {schema}.job (id, type, payload, priority, start_at, max_retry_count, origin, timeout,
+                          depends_on, on_dependency_failure, waiting_on)
 VALUES (%(id)s, %(type)s, %(payload)s, %(priority)s, coalesce(%(start_at)s, now()),
-        %(max_retry_count)s, %(origin)s, %(timeout)s)
+        %(max_retry_count)s, %(origin)s, %(timeout)s, %(depends_on)s::uuid[],
+        %(on_dependency_failure)s, coalesce(cardinality(%(depends_on)s::uuid[]), 0))
 
 -- name: enqueue_unique
 -- One job. A unique_key already held by an unfinished job makes this insert nothing.
 INSERT INTO {schema}.job (id, type, payload, priority, start_at, max_retry_count, unique_key,
-                          origin, timeout)
+                          origin, timeout, depends_on, on_dependency_failure, waiting_on)
 VALUES (%(id)s, %(type)s, %(payload)s, %(priority)s, coalesce(%(start_at)s, now()),
-        %(max_retry_count)s, %(unique_key)s, %(origin)s, %(timeout)s)
+        %(max_retry_count)s, %(unique_key)s, %(origin)s, %(timeout)s, %(depends_on)s::uuid[],
+        %(on_dependency_failure)s, coalesce(cardinality(%(depends_on)s::uuid[]), 0))
 ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state IN ('pending', 'running')
 DO NOTHING
 RETURNING id
@@ -20,17 +25,28 @@ RETURNING id
 -- name: enqueue_many
 -- Many jobs in one statement from parallel arrays; ids are made by the client so the caller
 -- gets them back in input order. The statement-level trigger notifies once per type.
+-- `depends_ons[i]` is job i's dependencies as an array literal (arrays of arrays must be
+-- rectangular), NULL for none.
 INSERT INTO {schema}.job (id, bundle_id, type, payload, priority, start_at, max_retry_count,
-                          unique_key, origin, timeout)
+                          unique_key, origin, timeout, depends_on, on_dependency_failure,
+                          waiting_on)
 SELECT n.id, %(bundle_id)s, n.type, n.payload, n.priority, coalesce(n.start_at, now()),
-       n.max_retry_count, n.unique_key, n.origin, n.timeout
+       n.max_retry_count, n.unique_key, n.origin, n.timeout, n.depends_on::uuid[], n.on_failure,
+       coalesce(cardinality(n.depends_on::uuid[]), 0)
 FROM unnest(%(ids)s::uuid[], %(types)s::text[], %(payloads)s::jsonb[], %(priorities)s::int[],
             %(start_ats)s::timestamptz[], %(max_retry_counts)s::int[], %(unique_keys)s::text[],
-            %(origins)s::text[], %(timeouts)s::float8[])
-     AS n(id, type, payload, priority, start_at, max_retry_count, unique_key, origin, timeout)
+            %(origins)s::text[], %(timeouts)s::float8[], %(depends_ons)s::text[],
+            %(on_dependency_failures)s::text[])
+     AS n(id, type, payload, priority, start_at, max_retry_count, unique_key, origin, timeout,
+          depends_on, on_failure)
 ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state IN ('pending', 'running')
 DO NOTHING
 RETURNING id
+
+-- name: link_dependencies
+-- Right after inserting jobs with dependencies, in the same transaction: one edge per
+-- (jobs[i], deps[i]). See schema/0005.
+SELECT {schema}.link_dependencies(%(jobs)s::uuid[], %(deps)s::uuid[])
 
 -- name: unfinished_by_unique_keys
 SELECT unique_key, id FROM {schema}.job
@@ -67,10 +83,16 @@ WITH claimed AS (
     WHERE j.id = ANY((SELECT {schema}.claim_pick(%(types)s::text[], %(limit)s::int))::uuid[])
       AND j.started_at IS NULL AND j.stopped_at IS NULL
     RETURNING j.id, j.type, j.payload, j.priority, j.current_retry_count + 1 AS attempt,
-              j.max_retry_count, j.timeout, j.bundle_id, j.lease, j.created_at
+              j.max_retry_count, j.timeout, j.bundle_id, j.lease, j.created_at,
+              j.depends_on AS dependencies,
+              -- CASE: a job without dependencies never runs the sub-select
+              CASE WHEN j.depends_on IS NOT NULL THEN
+                  (SELECT jsonb_object_agg(d.id, d.result) FROM {schema}.job d
+                   WHERE d.id = ANY(j.depends_on))
+              END AS dependency_results
 )
 SELECT c.id, c.type, c.payload, c.priority, c.attempt, c.max_retry_count, c.timeout,
-       c.bundle_id, c.lease
+       c.bundle_id, c.lease, c.dependencies, c.dependency_results
 FROM claimed c
 ORDER BY c.priority DESC, c.created_at, c.id
 
@@ -106,12 +128,27 @@ FOR NO KEY UPDATE
 -- pgq_job_stopped carries the ids, at most 200 per notification (payloads stop at 8000 bytes).
 -- The inner join to `sent` is what runs the notify: a CTE that is not data-modifying runs only
 -- if read, and an unused LEFT JOIN would be pruned.
-WITH done AS (
+-- `waiting` locks the jobs that wait on the batch, in id order, before any row of the batch
+-- is touched (the condition on no column of `j` is a one-time filter, as in lock_bundles):
+-- the dependency trigger (schema/0005) would otherwise lock them row by row, in batch order,
+-- and two batches completing dependencies of the same jobs could deadlock. A probe of the
+-- (usually empty) job_dependency index per job; the jobs found are read by primary key
+-- (`= ANY(ARRAY(...))`, not a join, which the planner may hash over the whole table).
+WITH waiting AS (
+    SELECT w.id FROM {schema}.job w
+    WHERE w.id = ANY(ARRAY(SELECT e.job_id FROM {schema}.job_dependency e
+                           WHERE e.depends_on = ANY(%(ids)s::uuid[])))
+      AND w.state = 'pending' AND w.waiting_on > 0
+    ORDER BY w.id
+    FOR NO KEY UPDATE
+),
+done AS (
     UPDATE {schema}.job j
     SET state = 'succeeded', stopped_at = now(), worker_alive_at = NULL, lease = NULL,
         result = r.result, updated_at = now()
     FROM unnest(%(ids)s::uuid[], %(results)s::jsonb[]) AS r(id, result)
     WHERE j.id = r.id AND j.state = 'running' AND j.lease = %(done_lease)s
+      AND (SELECT count(*) FROM waiting) >= 0
     RETURNING j.id
 ),
 sent AS (
@@ -133,12 +170,22 @@ FROM done d CROSS JOIN sent
 -- carrying done_ids on a first row took a join and a sort of every row (measured).
 -- array_agg takes its input in the sorted subquery's order (PostgreSQL keeps it for an
 -- aggregate without GROUP BY; a test checks it).
-WITH done AS (
+-- `waiting`: the jobs that wait on these, locked first in id order, as in `succeed`.
+WITH waiting AS (
+    SELECT w.id FROM {schema}.job w
+    WHERE w.id = ANY(ARRAY(SELECT e.job_id FROM {schema}.job_dependency e
+                           WHERE e.depends_on = ANY(%(ids)s::uuid[])))
+      AND w.state = 'pending' AND w.waiting_on > 0
+    ORDER BY w.id
+    FOR NO KEY UPDATE
+),
+done AS (
     UPDATE {schema}.job j
     SET state = 'succeeded', stopped_at = now(), worker_alive_at = NULL, lease = NULL,
         result = r.result, updated_at = now()
     FROM unnest(%(ids)s::uuid[], %(results)s::jsonb[]) AS r(id, result)
     WHERE j.id = r.id AND j.state = 'running' AND j.lease = %(done_lease)s
+      AND (SELECT count(*) FROM waiting) >= 0
     RETURNING j.id
 ),
 sent AS (
@@ -157,22 +204,41 @@ claimed AS (
     WHERE j.id = ANY((SELECT {schema}.claim_pick(%(types)s::text[], %(limit)s::int))::uuid[])
       AND j.started_at IS NULL AND j.stopped_at IS NULL
     RETURNING j.id, j.type, j.payload, j.priority, j.current_retry_count + 1 AS attempt,
-              j.max_retry_count, j.timeout, j.bundle_id, j.lease, j.created_at
+              j.max_retry_count, j.timeout, j.bundle_id, j.lease, j.created_at,
+              j.depends_on AS dependencies,
+              -- CASE: a job without dependencies never runs the sub-select
+              CASE WHEN j.depends_on IS NOT NULL THEN
+                  (SELECT jsonb_object_agg(d.id, d.result) FROM {schema}.job d
+                   WHERE d.id = ANY(j.depends_on))
+              END AS dependency_results
 )
 SELECT (SELECT coalesce(array_agg(d.id), ARRAY[]::uuid[]) FROM done d CROSS JOIN sent)
            AS done_ids,
        array_agg(c.id) AS id, array_agg(c.type) AS type, array_agg(c.payload) AS payload,
        array_agg(c.priority) AS priority, array_agg(c.attempt) AS attempt,
        array_agg(c.max_retry_count) AS max_retry_count, array_agg(c.timeout) AS timeout,
-       array_agg(c.bundle_id) AS bundle_id
+       array_agg(c.bundle_id) AS bundle_id,
+       -- jsonb: array_agg cannot stack uuid[] of different lengths (or NULL ones)
+       array_agg(to_jsonb(c.dependencies)) AS dependencies,
+       array_agg(c.dependency_results) AS dependency_results
 FROM (SELECT * FROM claimed c ORDER BY c.priority DESC, c.created_at, c.id) c
 
 -- name: end_attempt
 -- A failed attempt: retry after `delay` seconds if allowed and attempts are left, else failed.
+-- `waiting`: the jobs that wait on these, locked first in id order, as in `succeed`.
+WITH waiting AS (
+    SELECT w.id FROM {schema}.job w
+    WHERE w.id = ANY(ARRAY(SELECT e.job_id FROM {schema}.job_dependency e
+                           WHERE e.depends_on = ANY(%(ids)s::uuid[])))
+      AND w.state = 'pending' AND w.waiting_on > 0
+    ORDER BY w.id
+    FOR NO KEY UPDATE
+)
 SELECT job_id, job_type, new_state, retry_count
 FROM {schema}.end_attempt(%(ids)s::uuid[], %(lease)s::uuid, %(worker_id)s::text, %(error)s::text,
                           %(error_data)s::jsonb, %(kind)s::text, %(allow_retry)s::boolean,
                           %(delay)s::float8)
+WHERE (SELECT count(*) FROM waiting) >= 0
 
 -- name: release
 -- Back to pending without consuming an attempt. NULL filters match everything.
@@ -270,7 +336,7 @@ FROM done
 SELECT id, bundle_id, type, payload, priority, origin, state, max_retry_count,
        current_retry_count, start_at, started_at, stopped_at, worker_alive_at, worker_id,
        timeout, unique_key, result, error_msg, error_data, attempts, created_at, updated_at,
-       progress
+       progress, waiting_on, depends_on, on_dependency_failure, has_dependents
 FROM {schema}.job WHERE id = %(id)s
 
 -- name: job_states
@@ -281,7 +347,7 @@ SELECT id, state FROM {schema}.job WHERE id = ANY(%(ids)s::uuid[])
 SELECT id, bundle_id, type, payload, priority, origin, state, max_retry_count,
        current_retry_count, start_at, started_at, stopped_at, worker_alive_at, worker_id,
        timeout, unique_key, result, error_msg, error_data, attempts, created_at, updated_at,
-       progress
+       progress, waiting_on, depends_on, on_dependency_failure, has_dependents
 FROM {schema}.job WHERE id = ANY(%(ids)s::uuid[])
 
 -- name: set_progress
@@ -311,7 +377,7 @@ FROM {schema}.job_bundle WHERE id = %(id)s
 SELECT id, bundle_id, type, payload, priority, origin, state, max_retry_count,
        current_retry_count, start_at, started_at, stopped_at, worker_alive_at, worker_id,
        timeout, unique_key, result, error_msg, error_data, attempts, created_at, updated_at,
-       progress
+       progress, waiting_on, depends_on, on_dependency_failure, has_dependents
 FROM {schema}.job
 WHERE state = %(state)s AND (%(type)s::text IS NULL OR type = %(type)s)
 ORDER BY updated_at DESC
@@ -335,9 +401,12 @@ WHERE b.num_jobs = 0 AND b.created_at < now() - make_interval(secs => %(older_th
 
 -- name: queue_stats
 SELECT type, state, count(*)::int AS count,
-       (count(*) FILTER (WHERE state = 'pending' AND start_at <= now()))::int AS ready,
+       (count(*) FILTER (WHERE state = 'pending' AND waiting_on = 0
+                               AND start_at <= now()))::int AS ready,
        extract(epoch FROM now() - min(start_at) FILTER (
-           WHERE state = 'pending' AND start_at <= now()))::float8 AS oldest_ready_age
+           WHERE state = 'pending' AND waiting_on = 0
+             AND start_at <= now()))::float8 AS oldest_ready_age,
+       (count(*) FILTER (WHERE waiting_on > 0))::int AS waiting
 FROM {schema}.job
 GROUP BY type, state
 ORDER BY type, state
@@ -345,12 +414,15 @@ ORDER BY type, state
 -- name: depth
 -- Ready jobs: what an autoscaler should size workers for.
 SELECT count(*)::int FROM {schema}.job
-WHERE state = 'pending' AND start_at <= now() AND (%(type)s::text IS NULL OR type = %(type)s)
+WHERE state = 'pending' AND waiting_on = 0 AND start_at <= now()
+  AND (%(type)s::text IS NULL OR type = %(type)s)
 
 -- name: next_due
--- Seconds until the earliest delayed job of the served types becomes eligible.
+-- Seconds until the earliest delayed job of the served types becomes eligible (a waiting job
+-- becomes eligible when its last dependency succeeds, which notifies).
 SELECT extract(epoch FROM min(start_at) - now())::float8 FROM {schema}.job
-WHERE state = 'pending' AND start_at > now() AND type = ANY(%(types)s::text[])
+WHERE state = 'pending' AND waiting_on = 0 AND start_at > now()
+  AND type = ANY(%(types)s::text[])
 
 -- name: now
 SELECT now()
@@ -358,9 +430,12 @@ SELECT now()
 -- name: active_stats
 -- Pending and running jobs per type, for metrics; reads only the partial indexes' rows.
 SELECT type, state, count(*)::int AS count,
-       (count(*) FILTER (WHERE state = 'pending' AND start_at <= now()))::int AS ready,
+       (count(*) FILTER (WHERE state = 'pending' AND waiting_on = 0
+                               AND start_at <= now()))::int AS ready,
        extract(epoch FROM now() - min(start_at) FILTER (
-           WHERE state = 'pending' AND start_at <= now()))::float8 AS oldest_ready_age
+           WHERE state = 'pending' AND waiting_on = 0
+             AND start_at <= now()))::float8 AS oldest_ready_age,
+       (count(*) FILTER (WHERE waiting_on > 0))::int AS waiting
 FROM {schema}.job
 WHERE state IN ('pending', 'running')
 GROUP BY type, state

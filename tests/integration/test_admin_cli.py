@@ -161,6 +161,7 @@ def test_status_counts_per_type_and_state(dsn: str, conn: Conn) -> None:
         "TYPE",
         "READY",
         "DELAYED",
+        "WAITING",
         "RUNNING",
         "SUCCEEDED",
         "FAILED",
@@ -168,10 +169,20 @@ def test_status_counts_per_type_and_state(dsn: str, conn: Conn) -> None:
         "OLDEST READY",
     ]
     rows = {line.split()[0]: line.split()[1:] for line in table[1:]}
-    assert rows["mail"][:6] == ["2", "0", "1", "1", "1", "0"]
-    assert re.fullmatch(r"1m[34]\ds", rows["mail"][6])
-    assert rows["report"] == ["0", "1", "0", "0", "0", "0", "-"]
-    assert rows["TOTAL"][:6] == ["2", "1", "1", "1", "1", "0"]
+    assert rows["mail"][:7] == ["2", "0", "0", "1", "1", "1", "0"]
+    assert re.fullmatch(r"1m[34]\ds", rows["mail"][7])
+    assert rows["report"] == ["0", "1", "0", "0", "0", "0", "0", "-"]
+    assert rows["TOTAL"][:7] == ["2", "1", "0", "1", "1", "1", "0"]
+
+
+def test_status_shows_jobs_waiting_for_dependencies(dsn: str, conn: Conn) -> None:
+    first = pgq.enqueue(conn, "etl")
+    pgq.enqueue_many(conn, [pgq.NewJob("etl", depends_on=[first]) for _ in range(2)])
+    (etl,) = ok_json(cli(dsn, "status", "--json"))["types"]
+    assert (etl["pending"], etl["ready"], etl["delayed"], etl["waiting"]) == (3, 1, 0, 2)
+    table = ok(cli(dsn, "status")).splitlines()
+    assert table[1].split()[:5] == ["etl", "1", "0", "2", "0"]
+    assert ok(cli(dsn, "depth")) == "1\n"
 
 
 def test_status_of_an_empty_queue(dsn: str) -> None:
@@ -186,6 +197,7 @@ def test_status_of_an_empty_queue(dsn: str) -> None:
         "cancelled": 0,
         "ready": 0,
         "delayed": 0,
+        "waiting": 0,
         "oldest_ready_age": None,
     }
 

@@ -50,13 +50,19 @@ def test_get_job_reads_every_column_by_name(conn: Conn) -> None:
         unique_key="key-1",
         origin="tests",
         timeout=12.5,
+        depends_on=[dep := pgq.enqueue(conn, "dep")],
     )
     with conn.transaction():
         bundle = db.insert_bundle(conn, SCHEMA, "t", 1, "tests", None)
         (job_id,) = db.enqueue_many(conn, SCHEMA, [job], bundle_id=bundle.id)
     seen = _assert_record_is_the_row(conn, db.get_job(conn, SCHEMA, job_id))
 
+    assert db.get_job(conn, SCHEMA, job_id).waiting_on == 1
+    done = claim_one(conn, "dep", worker_id="w-0")
+    assert db.succeed(conn, SCHEMA, done.lease, [(dep, None)]) == {dep}
+    seen |= _assert_record_is_the_row(conn, db.get_job(conn, SCHEMA, dep))  # has_dependents
     running = claim_one(conn, "t", worker_id="w-1")
+    assert running.dependencies == (dep,) and running.dependency_results == {dep: None}
     db.end_attempt(
         conn, SCHEMA, [running.id], error="boom", kind=AttemptKind.ERROR, lease=running.lease,
         worker_id="w-1", error_data={"why": "test"},

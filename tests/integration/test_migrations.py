@@ -40,6 +40,14 @@ JOB_COLUMNS = {
     "progress": ("jsonb", True),
     "created_at": ("timestamp with time zone", False),
     "updated_at": ("timestamp with time zone", False),
+    "waiting_on": ("integer", False),
+    "depends_on": ("ARRAY", True),
+    "on_dependency_failure": ("text", True),
+    "has_dependents": ("boolean", False),
+}
+DEPENDENCY_COLUMNS = {
+    "job_id": ("uuid", False),
+    "depends_on": ("uuid", False),
 }
 BUNDLE_COLUMNS = {
     "id": ("uuid", False),
@@ -64,7 +72,7 @@ INDEXES = {
     ),
     "job_claim_idx": (
         "CREATE INDEX job_claim_idx ON {s}.job USING btree (priority DESC, created_at, id)"
-        " WHERE (state = 'pending'::{s}.job_state)"
+        " WHERE ((state = 'pending'::{s}.job_state) AND (waiting_on = 0))"
     ),
     "job_unique_key_idx": (
         "CREATE UNIQUE INDEX job_unique_key_idx ON {s}.job USING btree (unique_key)"
@@ -78,6 +86,13 @@ INDEXES = {
     "job_running_idx": (
         "CREATE INDEX job_running_idx ON {s}.job USING btree (worker_id)"
         " WHERE (state = 'running'::{s}.job_state)"
+    ),
+    "job_dependency_pkey": (
+        "CREATE UNIQUE INDEX job_dependency_pkey ON {s}.job_dependency USING btree"
+        " (job_id, depends_on)"
+    ),
+    "job_dependency_depends_on_idx": (
+        "CREATE INDEX job_dependency_depends_on_idx ON {s}.job_dependency USING btree (depends_on)"
     ),
     "job_finished_idx": (
         "CREATE INDEX job_finished_idx ON {s}.job USING btree (state, stopped_at)"
@@ -116,6 +131,15 @@ CHECKS = {
     ("job", "job_failed_has_error"): (
         "CHECK (((state <> 'failed'::{s}.job_state) OR (error_msg IS NOT NULL)))"
     ),
+    ("job", "job_waiting_only_pending"): (
+        "CHECK (((waiting_on = 0) OR (state = 'pending'::{s}.job_state)))"
+    ),
+    ("job", "job_waiting_on_range"): "CHECK ((waiting_on >= 0))",
+    ("job", "job_dependency_failure_rule"): (
+        "CHECK ((((depends_on IS NULL) AND (on_dependency_failure IS NULL))"
+        " OR ((depends_on IS NOT NULL) AND (on_dependency_failure = ANY"
+        " (ARRAY['cancel'::text, 'run'::text])))))"
+    ),
     ("job_bundle", "job_bundle_type_check"): (
         "CHECK (((char_length(type) >= 1) AND (char_length(type) <= 100)))"
     ),
@@ -143,6 +167,21 @@ TRIGGERS = {
         "CREATE TRIGGER job_bundle_count_delete AFTER DELETE ON {s}.job FOR EACH ROW"
         " WHEN ((old.bundle_id IS NOT NULL)) EXECUTE FUNCTION {s}.job_bundle_count()"
     ),
+    "job_release_dependents": (
+        "CREATE TRIGGER job_release_dependents AFTER UPDATE OF state ON {s}.job FOR EACH ROW"
+        " WHEN ((new.has_dependents AND ((old.state = ANY (" + _TERMINAL + "))"
+        " IS DISTINCT FROM (new.state = ANY (" + _TERMINAL + ")))))"
+        " EXECUTE FUNCTION {s}.job_release_dependents()"
+    ),
+    "job_dependency_deleted": (
+        "CREATE TRIGGER job_dependency_deleted BEFORE DELETE ON {s}.job FOR EACH ROW"
+        " WHEN (old.has_dependents) EXECUTE FUNCTION {s}.job_dependency_deleted()"
+    ),
+    "job_recount_waiting": (
+        "CREATE TRIGGER job_recount_waiting BEFORE UPDATE OF state ON {s}.job FOR EACH ROW"
+        " WHEN (((new.depends_on IS NOT NULL) AND (old.state IS DISTINCT FROM new.state)))"
+        " EXECUTE FUNCTION {s}.job_recount_waiting()"
+    ),
 }
 FUNCTIONS = {
     "end_attempt",
@@ -150,6 +189,13 @@ FUNCTIONS = {
     "job_notify_inserted",
     "job_bundle_count",
     "claim_pick",
+    "link_dependencies",
+    "job_release_dependents",
+    "job_recount_waiting",
+    "job_dependency_deleted",
+    "dependency_doom",
+    "dependency_release",
+    "dependency_notify",
 }
 
 
@@ -171,8 +217,9 @@ def assert_declared_schema(conn: Conn, s: str) -> None:
     tables = conn.execute(
         "SELECT tablename FROM pg_tables WHERE schemaname = %s ORDER BY 1", (s,)
     ).fetchall()
-    assert [r[0] for r in tables] == ["job", "job_bundle", "schema_version"]
+    assert [r[0] for r in tables] == ["job", "job_bundle", "job_dependency", "schema_version"]
     assert _columns(conn, s, "job") == JOB_COLUMNS
+    assert _columns(conn, s, "job_dependency") == DEPENDENCY_COLUMNS
     assert _columns(conn, s, "job_bundle") == BUNDLE_COLUMNS
     assert _columns(conn, s, "schema_version") == VERSION_COLUMNS
 
@@ -206,8 +253,10 @@ def assert_declared_schema(conn: Conn, s: str) -> None:
         " WHERE connamespace = %s::regnamespace AND contype = 'f'",
         (s,),
     ).fetchall()
-    assert [r[0] for r in fk] == [
-        f"FOREIGN KEY (bundle_id) REFERENCES {s}.job_bundle(id) ON DELETE CASCADE"
+    assert sorted(r[0] for r in fk) == [
+        f"FOREIGN KEY (bundle_id) REFERENCES {s}.job_bundle(id) ON DELETE CASCADE",
+        f"FOREIGN KEY (depends_on) REFERENCES {s}.job(id) ON DELETE CASCADE",
+        f"FOREIGN KEY (job_id) REFERENCES {s}.job(id) ON DELETE CASCADE",
     ]
 
     triggers = conn.execute(

@@ -46,6 +46,17 @@ WHERE j.current_retry_count < 0 OR j.current_retry_count > coalesce(j.max_retry_
 UNION ALL
 SELECT 'J4 running <=> held under one lease', j.id::text
 FROM {schema}.job j WHERE (j.state = 'running') <> (j.lease IS NOT NULL)
+UNION ALL
+SELECT 'D1 a waiting job waits for exactly its unmet dependencies', j.id::text
+FROM {schema}.job j
+WHERE j.waiting_on > 0
+  AND (j.state <> 'pending' OR j.depends_on IS NULL
+       OR j.waiting_on <> (
+           SELECT count(*) FROM {schema}.job_dependency e
+           JOIN {schema}.job d ON d.id = e.depends_on
+           WHERE e.job_id = j.id
+             AND (d.state IN ('pending', 'running')
+                  OR (d.state IN ('failed', 'cancelled') AND j.on_dependency_failure = 'cancel'))))
 """
 
 # Bundles whose completion jobs do not number exactly their transitions to complete, as
@@ -82,7 +93,7 @@ def q(text: LiteralString) -> sql.Composed:
 
 
 def violations(conn: db.Conn) -> list[tuple[str, str]]:
-    """B1-B3 and J1-J4 broken anywhere in the database, read from one snapshot."""
+    """B1-B3, J1-J4 and D1 broken anywhere in the database, read from one snapshot."""
     rows = conn.execute(q(_VIOLATIONS), {"terminal": TERMINAL}).fetchall()
     return [(r[0], r[1]) for r in rows]
 

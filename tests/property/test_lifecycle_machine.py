@@ -1,9 +1,10 @@
 """The job lifecycle (SPEC §3, §4) as a hypothesis state machine against a real database.
 
-A plain Python model predicts each job's state, retry count, lease and attempt history and
-each bundle's counter and completions. After every step the database must agree with the
-model and satisfy B1-B4 and J1-J5, and the step must have sent exactly the notifications the
-model expects (read up to a sentinel, so nothing is waited for by time).
+A plain Python model predicts each job's state, retry count, lease and attempt history, the
+dependencies a job still waits for (issue 13), and each bundle's counter and completions.
+After every step the database must agree with the model and satisfy B1-B4, J1-J5 and D1, and
+the step must have sent exactly the notifications the model expects (read up to a sentinel,
+so nothing is waited for by time).
 """
 
 from __future__ import annotations
@@ -88,6 +89,9 @@ class ModelJob:
     stale: bool = False
     attempts: int = 0  # entries in the attempt history
     deleted: bool = False
+    deps: list[JobId] = field(default_factory=list)
+    rule: str = "cancel"  # on_dependency_failure
+    waiting: int = 0  # waiting_on
 
 
 @dataclass
@@ -133,7 +137,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         super().__init__()
         self.conn = conn
         self.listener = listener
-        conn.execute(q("TRUNCATE {schema}.job, {schema}.job_bundle CASCADE"))
+        conn.execute(q("TRUNCATE {schema}.job, {schema}.job_bundle, {schema}.job_dependency"))
         self._read_notifications()  # whatever an earlier example left behind
         self.jobs: dict[JobId, ModelJob] = {}
         self.batches: dict[BundleId, ModelBundle] = {}
@@ -164,7 +168,43 @@ class LifecycleMachine(RuleBasedStateMachine):
         ]
 
     def _eligible(self, types: Sequence[str]) -> list[ModelJob]:
-        return [j for j in self._live() if j.state is PENDING and not j.delayed and j.type in types]
+        return [
+            j
+            for j in self._live()
+            if j.state is PENDING and not j.delayed and not j.waiting and j.type in types
+        ]
+
+    def _waiting_on(self, job_id: JobId) -> list[ModelJob]:
+        return [j for j in self._live() if job_id in j.deps and j.state is PENDING and j.waiting]
+
+    def _unmet(self, job: ModelJob) -> int:
+        """What a dependent counts as unmet when it is enqueued or reset."""
+        deps = [self.jobs[i] for i in job.deps if not self.jobs[i].deleted]
+        return sum(
+            1
+            for d in deps
+            if d.state in (PENDING, RUNNING)
+            or (job.rule == "cancel" and d.state in (FAILED, CANCELLED))
+        )
+
+    def _dependency_ended(self, root: ModelJob, how: str, *, release: bool = True) -> None:
+        """schema/0005: a failure (or deletion) cancels the waiting dependents under 'cancel',
+        transitively; then what still waits on each ended job counts it as met."""
+        ended = [root]
+        if how != "succeeded":
+            frontier = [root]
+            while frontier:
+                doomed = [d for x in frontier for d in self._waiting_on(x.id) if d.rule == "cancel"]
+                frontier = list({d.id: d for d in doomed}.values())
+                for d in frontier:
+                    d.state, d.waiting = CANCELLED, 0
+                    self.expected.stopped.add(d.id)
+                ended += frontier
+        for x in ended if release else ended[1:]:
+            for d in self._waiting_on(x.id):
+                d.waiting -= 1
+                if not d.waiting and not d.delayed:
+                    self.expected.available.add(d.type)
 
     def _held(self, lease: LeaseToken) -> list[ModelJob]:
         return [j for j in self._running() if j.lease == lease]
@@ -182,8 +222,9 @@ class LifecycleMachine(RuleBasedStateMachine):
             self.expected.available.add(job.type)
 
     def _stop(self, job: ModelJob, state: JobState) -> None:
-        job.state, job.lease, job.stale = state, None, False
+        job.state, job.lease, job.stale, job.waiting = state, None, False, 0
         self.expected.stopped.add(job.id)
+        self._dependency_ended(job, state.value)
 
     def _fail_attempt(self, job: ModelJob, *, allow_retry: bool, delayed: bool) -> JobState:
         """end_attempt on a running job: retry while attempts are left, else failed."""
@@ -353,6 +394,38 @@ class LifecycleMachine(RuleBasedStateMachine):
     def enqueue_bundle(self, specs: list[JobSpec], on_complete: str | None) -> None:
         self._enqueue_bundle(specs, on_complete)
 
+    @precondition(lambda self: self._live())
+    @rule(data=st.data(), type_=st.sampled_from(TYPES), rule=st.sampled_from(["cancel", "run"]))
+    def enqueue_dependent(self, data: st.DataObject, type_: str, rule: str) -> None:
+        """A job that runs after one or two others; an unknown id is refused, nothing written."""
+        pool = [j.id for j in self._live()]
+        deps = data.draw(st.lists(st.sampled_from(pool), min_size=1, max_size=2, unique=True))
+        if data.draw(st.booleans(), "with an unknown id"):
+            before = self._snapshot(pool)
+            with pytest.raises(pgq.InvalidInput, match="unknown dependency"):
+                pgq.enqueue(self.conn, type_, depends_on=[*deps, JobId(uuid.uuid4())])
+            assert self._snapshot(pool) == before
+            self._committed()
+            return
+        job_id = pgq.enqueue(
+            self.conn,
+            type_,
+            {"n": next(self.payloads)},
+            depends_on=deps,
+            on_dependency_failure=rule,  # type: ignore[arg-type]
+        )
+        job = ModelJob(job_id, type_, 0, None, None, deps=deps, rule=rule)
+        self.jobs[job_id] = job
+        failed = [self.jobs[i] for i in deps if self.jobs[i].state in (FAILED, CANCELLED)]
+        if rule == "cancel" and failed:
+            job.state = CANCELLED
+            self.expected.stopped.add(job_id)
+        else:
+            job.waiting = sum(1 for i in deps if self.jobs[i].state in (PENDING, RUNNING))
+            if not job.waiting:
+                self.expected.available.add(type_)
+        self._committed()
+
     @rule(worker=WORKER_NUMBERS, types=SERVED_TYPES, limit=st.integers(1, 3))
     def claim(self, worker: int, types: Sequence[str], limit: int) -> None:
         self._claim(worker, types, limit)
@@ -383,6 +456,8 @@ class LifecycleMachine(RuleBasedStateMachine):
                 job.max_retry = DEFAULT_MAX[job.type]
             assert (c.type, c.bundle_id, c.priority) == (job.type, job.bundle_id, job.priority)
             assert (c.attempt, c.max_retry_count) == (job.retries + 1, job.max_retry)
+            assert c.dependencies == tuple(job.deps)
+            assert set(c.dependency_results) == {i for i in job.deps if not self.jobs[i].deleted}
             job.state, job.lease, job.worker, job.stale = RUNNING, c.lease, worker_id, False
         self._committed()
         return claimed[0].lease if claimed else None
@@ -572,7 +647,15 @@ class LifecycleMachine(RuleBasedStateMachine):
             # a forced reset fences the running worker out: its lease is gone
             pgq.reset_job(self.conn, job.id, force=force)
             job.retries = 0
-            self._release(job)
+            if job.state.is_terminal:
+                # the jobs still waiting that counted its end as met wait for it again
+                for d in self._waiting_on(job.id):
+                    if job.state is SUCCEEDED or d.rule == "run":
+                        d.waiting += 1
+                self._release(job)
+                job.waiting = self._unmet(job)
+            else:
+                self._release(job)
         else:
             with pytest.raises(pgq.InvalidTransition):
                 pgq.reset_job(self.conn, job.id, force=force)
@@ -587,6 +670,9 @@ class LifecycleMachine(RuleBasedStateMachine):
         job = data.draw(st.sampled_from(pool), "job")
         n = self.conn.execute(q("DELETE FROM {schema}.job WHERE id = %s"), [job.id]).rowcount
         assert n == 1
+        if job.state is not SUCCEEDED:
+            # counts as its failure for the jobs waiting on it (schema/0005)
+            self._dependency_ended(job, "deleted", release=job.state in (PENDING, RUNNING))
         job.deleted, job.lease = True, None
         self._committed()
 
@@ -668,7 +754,7 @@ class LifecycleMachine(RuleBasedStateMachine):
                 "       started_at IS NOT NULL, stopped_at IS NOT NULL,"
                 "       worker_alive_at IS NOT NULL, start_at > now(),"
                 "       worker_alive_at < now() - make_interval(secs => %s),"
-                "       jsonb_array_length(attempts), bundle_id, type"
+                "       jsonb_array_length(attempts), bundle_id, type, waiting_on"
                 " FROM {schema}.job"
             ),
             [DEAD_AFTER],
@@ -677,7 +763,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         assert {r[0] for r in rows} == set(live), "J5: a job was lost or appeared"
         for r in rows:
             job_id, state, retries, max_retry, lease, worker = r[:6]
-            started, stopped, alive, delayed, stale, attempts, bundle_id, type_ = r[6:]
+            started, stopped, alive, delayed, stale, attempts, bundle_id, type_, waiting = r[6:]
             state = JobState(state)
             if alive:
                 assert state is RUNNING, "J1"
@@ -688,6 +774,7 @@ class LifecycleMachine(RuleBasedStateMachine):
             assert lease == job.lease, "J4: the database and the model disagree on the lease"
             assert (state, retries, max_retry) == (job.state, job.retries, job.max_retry)
             assert (bundle_id, type_, attempts) == (job.bundle_id, job.type, job.attempts)
+            assert waiting == job.waiting, "the jobs it waits for"
             if state is PENDING:
                 assert delayed == job.delayed
             if state is RUNNING:

@@ -90,7 +90,14 @@ def test_status_rows_merge_states_of_a_type_and_keep_the_oldest_age() -> None:
     a, b = rows
     assert (a.counts[JobState.FAILED], a.ready, a.delayed, a.oldest_ready_age) == (2, 1, 0, 4.0)
     assert (b.ready, b.delayed) == (3, 2)
-    assert b.cells() == ["b", "3", "2", "0", "0", "0", "0", "12s"]
+    assert b.cells() == ["b", "3", "2", "0", "0", "0", "0", "0", "12s"]
+
+
+def test_status_rows_count_waiting_jobs_apart_from_delayed_ones() -> None:
+    (row,) = admin._status_rows([TypeStats("a", JobState.PENDING, 6, 1, 2.0, waiting=4)])
+    assert (row.ready, row.delayed, row.waiting) == (1, 1, 4)
+    assert row.cells()[:4] == ["a", "1", "1", "4"]
+    assert row.to_json()["waiting"] == 4
 
 
 def test_one_line_keeps_the_first_line_and_cuts_long_ones() -> None:

@@ -109,3 +109,12 @@ def steps(payload: dict[str, int], job: pgq.Job, conn: Conn) -> dict[str, int]:
             time.sleep(0.01)
     _effect(conn, job)
     return {"steps": n}
+
+
+@registry.handler("step", max_retry_count=0)
+def step(payload: dict[str, str | float | bool], job: pgq.Job) -> dict[str, object]:
+    """A step of a dependency graph: returns its name and the results it was handed."""
+    time.sleep(float(payload.get("seconds", 0.0)))  # the step's work
+    if payload.get("fail"):
+        raise pgq.PermanentError(f"{payload['name']} fails")
+    return {"name": payload["name"], "saw": {str(k): v for k, v in job.dependency_results.items()}}
