@@ -33,7 +33,7 @@ from pgq_supervisor.jobs import JsonValue
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICRO = timedelta(microseconds=1)
-_NAME_RE = re.compile(r"^[A-Za-z0-9_.:\-]{1,100}$")
+_NAME_RE = re.compile(r"^[A-Za-z0-9_.:\-]{1,100}$")  # no "@": it ends the name in a tick's key
 
 
 @dataclass(frozen=True, slots=True)

@@ -241,6 +241,7 @@ class ScheduleEnqueueParams(TypedDict):
     type: str
     payload: str
     priority: int
+    unique_key: str
 
 
 PARAMS: dict[str, type] = {

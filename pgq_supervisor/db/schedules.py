@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 
 from psycopg.rows import scalar_row
 
@@ -46,8 +46,14 @@ def schedule_states(conn: Conn, schema: str, names: Sequence[str]) -> list[rows.
         return cur.execute(statement("schedule_states", schema), params).fetchall()
 
 
+def tick_key(name: str, tick: datetime) -> str:
+    """The unique_key of a schedule's job for `tick`: `periodic:NAME@2026-05-01T03:00:00+00:00`."""
+    return f"periodic:{name}@{tick.astimezone(UTC).isoformat()}"
+
+
 def enqueue_tick(conn: Conn, schema: str, schedule: Schedule, tick: datetime) -> JobId | None:
-    """Enqueue `schedule`'s job for `tick`; None when that tick (or a later one) already was."""
+    """Enqueue `schedule`'s job for `tick`; None when that tick (or a later one) already was
+    (or, never expected, an unfinished job holds the tick's unique_key)."""
     params: ScheduleEnqueueParams = {
         "name": schedule.name,
         "tick": tick,
@@ -55,6 +61,7 @@ def enqueue_tick(conn: Conn, schema: str, schedule: Schedule, tick: datetime) ->
         "type": schedule.type,
         "payload": dump_json(schedule.payload),
         "priority": schedule.priority,
+        "unique_key": tick_key(schedule.name, tick),
     }
     with wrapped(), conn.cursor(row_factory=scalar_row) as cur:
         inserted: uuid.UUID | None = cur.execute(

@@ -413,15 +413,18 @@ WHERE name = ANY(%(names)s::text[])
 -- name: schedule_enqueue
 -- Enqueue one tick of a schedule, exactly once however many supervisors try: the UPDATE moves
 -- last_tick forward to the tick, and a concurrent one waits for the row, then finds last_tick
--- no longer before the tick and inserts nothing. The job starts at its tick.
+-- no longer before the tick and inserts nothing. The job starts at its tick; its unique_key
+-- (periodic:NAME@TICK) records the tick for good (a retry or a release moves start_at).
 WITH advanced AS (
     UPDATE {schema}.schedule SET last_tick = %(tick)s, last_job_id = %(id)s
     WHERE name = %(name)s AND (last_tick IS NULL OR last_tick < %(tick)s)
     RETURNING name
 )
-INSERT INTO {schema}.job (id, type, payload, priority, start_at, origin)
-SELECT %(id)s, %(type)s, %(payload)s, %(priority)s, %(tick)s, 'periodic:' || name
+INSERT INTO {schema}.job (id, type, payload, priority, start_at, unique_key, origin)
+SELECT %(id)s, %(type)s, %(payload)s, %(priority)s, %(tick)s, %(unique_key)s, 'periodic:' || name
 FROM advanced
+ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state IN ('pending', 'running')
+DO NOTHING
 RETURNING id
 
 -- name: schedules_list

@@ -34,11 +34,17 @@ def backdate(conn: Conn, by: timedelta) -> None:
 
 
 def ticks_of(conn: Conn, ids: list[JobId]) -> list[tuple[str, datetime]]:
+    """(origin, tick) of each job, the tick read from its unique_key."""
     rows = conn.execute(
-        "SELECT origin, start_at FROM pgq.job WHERE id = ANY(%s) ORDER BY origin, start_at",
-        (ids,),
+        "SELECT origin, unique_key, start_at FROM pgq.job WHERE id = ANY(%s)", (ids,)
     ).fetchall()
-    return [(str(r[0]), r[1]) for r in rows]
+    out = []
+    for origin, key, start_at in rows:
+        assert isinstance(key, str) and key.startswith(f"{origin}@"), key
+        tick = datetime.fromisoformat(key.rpartition("@")[2])
+        assert tick == start_at  # never released or retried here
+        out.append((str(origin), tick))
+    return sorted(out)
 
 
 def test_a_new_schedule_waits_for_its_next_tick(conn: Conn) -> None:
@@ -93,6 +99,9 @@ def test_two_services_racing_enqueue_each_tick_once(dsn: str, conn: Conn) -> Non
             return services[i].run_once(conns[i]).enqueued
 
         for _ in range(25):
+            # the backdating makes ticks due again: their earlier jobs must be gone, as if run
+            # (an unfinished job holds its tick's unique_key)
+            conn.execute("DELETE FROM pgq.job")
             backdate(conn, timedelta(seconds=6))
 
             ids = [i for enqueued in in_threads(2, race) for i in enqueued]
@@ -106,6 +115,19 @@ def test_two_services_racing_enqueue_each_tick_once(dsn: str, conn: Conn) -> Non
     finally:
         for c in conns:
             c.close()
+
+
+def test_a_tick_passes_once_even_after_its_job_is_gone(conn: Conn) -> None:
+    # a supervisor whose view is stale retries a tick another already enqueued, whose job has
+    # since finished (so its unique_key no longer holds): last_tick refuses it, and older ticks
+    schedule = every("s", HOUR)
+    Scheduler(SCHEMA, [schedule]).run_once(conn)
+    tick = schedule.next_tick(db.db_now(conn, SCHEMA)) - 3 * HOUR
+    assert db.enqueue_tick(conn, SCHEMA, schedule, tick) is not None
+    conn.execute("DELETE FROM pgq.job")
+    assert db.enqueue_tick(conn, SCHEMA, schedule, tick) is None
+    assert db.enqueue_tick(conn, SCHEMA, schedule, tick - HOUR) is None
+    assert db.enqueue_tick(conn, SCHEMA, schedule, tick + HOUR) is not None
 
 
 def test_a_schedule_removed_from_the_code_stops_firing(conn: Conn) -> None:
