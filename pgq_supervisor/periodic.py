@@ -33,6 +33,8 @@ from pgq_supervisor.jobs import JsonValue
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICRO = timedelta(microseconds=1)
+# as db.params: a \u0000 escape not itself escaped
+_JSON_NUL_RE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.:\-]{1,100}$")  # no "@": it ends the name in a tick's key
 
 
@@ -92,9 +94,11 @@ class Schedule:
         if not -(2**31) <= priority < 2**31:
             raise bad(f"priority must fit in 32 bits, got {priority}")
         try:
-            json.dumps(payload, allow_nan=False)
+            text = json.dumps(payload, allow_nan=False)
         except (TypeError, ValueError) as exc:
             raise bad(f"payload is not JSON-serializable: {exc}") from None
+        if _JSON_NUL_RE.search(text):  # jsonb rejects it: every enqueue would fail
+            raise bad("payload contains a NUL character (\\u0000), which jsonb cannot store")
         return cls(name, type, cron, every, timezone, payload, priority, catch_up, zone)
 
     @property

@@ -124,6 +124,9 @@ def _registry() -> pgq.Registry:
     @registry.handler("report")
     def report(payload: dict[str, int]) -> None: ...
 
+    @registry.handler("any")
+    def anything(payload: object) -> None: ...
+
     return registry
 
 
@@ -144,6 +147,8 @@ def _registry() -> pgq.Registry:
         ({"every": timedelta(seconds=5), "timezone": "Europe/Berlin"}, "cron only"),
         ({"cron": "* * * * *", "type": "nope"}, "no handler for job type 'nope'"),
         ({"cron": "* * * * *", "payload": {"n": "x"}}, "payload for 'report' is invalid"),
+        ({"cron": "* * * * *", "payload": {"n": float("nan")}}, "not JSON-serializable"),
+        ({"cron": "* * * * *", "type": "any", "payload": "a\x00b"}, "NUL character"),
     ],
 )
 def test_an_invalid_schedule_is_one_config_error_naming_it(
