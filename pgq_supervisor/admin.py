@@ -1,4 +1,4 @@
-"""Administrative commands: status, depth, jobs, show, retry, cancel, purge.
+"""Administrative commands: status, depth, jobs, show, retry, cancel, purge, schedules.
 
 Readable tables by default, one JSON document on stdout with `--json` (for scripts). Errors are
 raised as the package's own exceptions and cli.main prints each as one line:
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TypeVar
 
-from pgq_supervisor import db
+from pgq_supervisor import admin_schedules, db
 from pgq_supervisor.admin_show import cmd_show, progress_cell
 from pgq_supervisor.connect import open_db
 from pgq_supervisor.errors import InvalidInput, InvalidTransition
@@ -30,7 +30,9 @@ from pgq_supervisor.jobs import (
 )
 from pgq_supervisor.settings import Settings, parse_duration
 
-COMMANDS: tuple[str, ...] = ("status", "depth", "jobs", "show", "retry", "cancel", "purge")
+COMMANDS: tuple[str, ...] = (
+    "status", "depth", "jobs", "show", "retry", "cancel", "purge", "schedules",
+)  # fmt: skip
 
 Parser = TypeVar("Parser", bound=argparse.ArgumentParser)
 
@@ -84,6 +86,8 @@ def add_commands(sub: argparse._SubParsersAction[Parser], common: Parser) -> Non
         help="only this state (repeatable; default: succeeded, failed and cancelled)",
     )
     p.set_defaults(handler=cmd_purge)
+
+    admin_schedules.add_command(sub, parents)
 
 
 # ---- argument types: argparse turns their errors into a usage error (exit 2) ----

@@ -9,6 +9,8 @@ they share.
     queue-metrics  poll_interval ± 20 %              QueueMetrics: the pgq_jobs_* gauges
     prune          60 s; poll_interval while behind  Pruner: finished jobs past retention
     activity       summary_interval                  ActivitySummary: the INFO line of ended jobs
+    periodic       at the next tick; poll_interval   Scheduler: enqueue the due ticks of the
+                   at most                           schedules of the served types (once each)
     cancel-check   poll_interval ± 20 %              the supervisor's: children's jobs cancelled
                                                      while pgq_job_cancel was missed (cancels.py)
 
@@ -32,8 +34,10 @@ from pgq_supervisor.activity import ActivitySummary
 from pgq_supervisor.backoff import Backoff
 from pgq_supervisor.errors import DatabaseError, DatabaseUnavailable
 from pgq_supervisor.metrics import Metrics, QueueMetrics
+from pgq_supervisor.periodic import Schedule
 from pgq_supervisor.rescuer import Rescuer
 from pgq_supervisor.retention import PRUNE_EVERY, Pruner
+from pgq_supervisor.scheduler import Scheduler
 from pgq_supervisor.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -152,20 +156,25 @@ class Timers:
 @dataclass
 class Services:
     """What the timers run, apart from their timers; built from the settings or given by a
-    test. `pruner` is None when nothing is to be pruned."""
+    test. `pruner` is None when nothing is to be pruned, `scheduler` when there are no
+    schedules to run."""
 
     rescuer: Rescuer
     queue_metrics: QueueMetrics
     pruner: Pruner | None
     activity: ActivitySummary
+    scheduler: Scheduler | None = None
 
     @classmethod
-    def from_settings(cls, settings: Settings, metrics: Metrics, now: float) -> Services:
+    def from_settings(
+        cls, settings: Settings, metrics: Metrics, now: float, schedules: Sequence[Schedule] = ()
+    ) -> Services:
         return cls(
             rescuer=Rescuer(settings.db_schema, settings.dead_after),
             queue_metrics=QueueMetrics(settings.db_schema, metrics),
             pruner=Pruner.from_settings(settings),
             activity=ActivitySummary(settings.summary_interval, now),
+            scheduler=Scheduler(settings.db_schema, schedules) if schedules else None,
         )
 
 
@@ -203,6 +212,14 @@ def maintenance_timers(
 
         return run
 
+    def periodic(scheduler: Scheduler) -> Callable[[float], float | None]:
+        def run(now: float) -> float | None:
+            # the next tick, by the database's clock; the poll interval caps the wait, so a
+            # supervisor whose clock drifts from the database's re-reads it often enough
+            return control.run(scheduler.run_once).next_in
+
+        return run
+
     def summarize(now: float) -> None:
         services.activity.run_once(now)
 
@@ -216,6 +233,8 @@ def maintenance_timers(
     ]
     if services.pruner is not None:
         timers.append(Timer("prune", prune(services.pruner), PRUNE_EVERY, jitter=0.0))
+    if services.scheduler is not None:
+        timers.append(Timer("periodic", periodic(services.scheduler), poll))
     timers.append(
         Timer("activity", summarize, summary, jitter=0.0, next_at=now + summary, in_shutdown=True)
     )

@@ -12,12 +12,14 @@ import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import TypeVar
 
 import pydantic
 
 from pgq_supervisor.errors import AppLoadError, ConfigError, InvalidInput
 from pgq_supervisor.jobs import Job, JsonValue, check_type_name
+from pgq_supervisor.periodic import Schedule
 
 F = TypeVar("F", bound=Callable[..., object])
 
@@ -127,6 +129,7 @@ class Registry:
     """
 
     handlers: dict[str, Handler] = field(default_factory=dict)
+    schedules: dict[str, Schedule] = field(default_factory=dict)
 
     def handler(
         self,
@@ -154,6 +157,62 @@ class Registry:
             return func
 
         return register
+
+    def periodic(
+        self,
+        name: str,
+        *,
+        cron: str | None = None,
+        every: timedelta | None = None,
+        type: str | None = None,
+        payload: JsonValue = None,
+        timezone: str = "UTC",
+        priority: int = 0,
+        catch_up: int = 0,
+    ) -> Callable[[F], F]:
+        """Enqueue a `type` job on a schedule (see periodic.py): with `type=`, declared now;
+        without, as a decorator stacked above `@registry.handler(...)`, of that handler's type.
+        The handler must be registered first; the payload must fit its annotation."""
+
+        def declare(type_: str) -> None:
+            if name in self.schedules:
+                raise ConfigError(f"periodic {name!r} is declared twice")
+            handler = self.handlers.get(type_)
+            if handler is None:
+                raise ConfigError(
+                    f"periodic {name!r}: no handler for job type {type_!r}"
+                    " (register the handler first)"
+                )
+            schedule = Schedule.make(
+                name, type=type_, cron=cron, every=every, timezone=timezone,
+                payload=payload, priority=priority, catch_up=catch_up,
+            )  # fmt: skip
+            try:
+                handler.validate(payload)
+            except InvalidInput as exc:
+                raise ConfigError(f"periodic {name!r}: {exc}") from None
+            self.schedules[name] = schedule
+
+        if type is not None:
+            declare(type)
+
+        def decorate(func: F) -> F:
+            if type is None:
+                found = [h.type for h in self.handlers.values() if h.func is func]
+                if not found:
+                    raise ConfigError(
+                        f"periodic {name!r}: {getattr(func, '__name__', func)!r} is not a"
+                        " registered handler (stack @periodic above @handler, or pass type=)"
+                    )
+                declare(found[0])
+            return func
+
+        return decorate
+
+    def schedules_for(self, types: Sequence[str]) -> list[Schedule]:
+        """The schedules of the given job types (a supervisor runs those it serves)."""
+        served = set(types)
+        return [s for _, s in sorted(self.schedules.items()) if s.type in served]
 
     @property
     def types(self) -> list[str]:
@@ -223,6 +282,8 @@ def load_registry(target: str) -> Registry:
         raise AppLoadError(f"--app must look like 'package.module:registry', got {target!r}")
     try:
         module = importlib.import_module(module_name)
+    except ConfigError:
+        raise  # the app declared something invalid: its own message says what
     except Exception as exc:
         raise AppLoadError(
             f"cannot import app module {module_name!r}: {type(exc).__name__}: {exc}"

@@ -138,7 +138,9 @@ class Supervisor:
         self.control = ControlConnection(dsn, clock=clock, rng=self.rng)
         self.deaths = Deaths(self.schema, registry, self.metrics, self.rng)
         now = clock()
-        self.services = services or Services.from_settings(settings, self.metrics, now)
+        self.services = services or Services.from_settings(
+            settings, self.metrics, now, registry.schedules_for(self.types)
+        )
         self.timers = maintenance_timers(
             settings, self.types, self.services, self.control, self.metrics, self.wake,
             now=now, rng=self.rng,

@@ -3,8 +3,8 @@
 Functions here never commit: the caller owns the transaction (or uses an autocommit
 connection). psycopg errors are wrapped once, here, into `DatabaseError`. By concern:
 `connection` (connecting, error mapping), `enqueueing`, `lifecycle` (the worker's side and the
-rescue), `admin`, `watching` (waiters and progress); `params` and `rows` type what goes in and
-what comes out.
+rescue), `admin`, `watching` (waiters and progress), `schedules` (periodic jobs); `params` and
+`rows` type what goes in and what comes out.
 """
 
 from pgq_supervisor.db.admin import (
@@ -56,6 +56,12 @@ from pgq_supervisor.db.lifecycle import (
 )
 from pgq_supervisor.db.params import ClaimArgs, dump_json
 from pgq_supervisor.db.rows import CancelResult
+from pgq_supervisor.db.schedules import (
+    declare_schedules,
+    enqueue_tick,
+    list_schedules,
+    schedule_states,
+)
 from pgq_supervisor.db.watching import (
     get_jobs,
     get_jobs_async,
@@ -76,6 +82,7 @@ __all__ = [
     "connect",
     "connect_at_startup",
     "db_now",
+    "declare_schedules",
     "default_schema",
     "delete_finished",
     "depth",
@@ -88,6 +95,7 @@ __all__ = [
     "enqueue_many",
     "enqueue_many_params",
     "enqueue_params",
+    "enqueue_tick",
     "get_bundle",
     "get_job",
     "get_jobs",
@@ -98,6 +106,7 @@ __all__ = [
     "job_states",
     "job_states_async",
     "list_jobs",
+    "list_schedules",
     "listen",
     "lock_bundles",
     "next_due",
@@ -107,6 +116,7 @@ __all__ = [
     "rescue",
     "reset",
     "retry_failed",
+    "schedule_states",
     "set_progress",
     "succeed",
     "succeed_and_claim",

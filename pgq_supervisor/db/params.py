@@ -10,7 +10,7 @@ import json
 import re
 import uuid
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TypedDict
 
 from pgq_supervisor.errors import InvalidInput
@@ -224,6 +224,37 @@ class SetProgressParams(TypedDict):
     progress: list[str]
 
 
+# ---- periodic schedules ---------------------------------------------------------------------
+
+
+class ScheduleDeclareParams(TypedDict):
+    """`schedule_declare`: one array per column, one entry per schedule."""
+
+    names: list[str]
+    types: list[str]
+    crons: list[str | None]
+    everys: list[timedelta | None]
+    timezones: list[str]
+    priorities: list[int]
+    catch_ups: list[int]
+
+
+class ScheduleNamesParams(TypedDict):
+    names: list[str]
+
+
+class ScheduleEnqueueParams(TypedDict):
+    """`schedule_enqueue`: the tick of schedule `name`, as job `id`."""
+
+    name: str
+    tick: datetime
+    id: uuid.UUID
+    type: str
+    payload: str
+    priority: int
+    unique_key: str
+
+
 PARAMS: dict[str, type] = {
     "enqueue": EnqueueRow,
     "enqueue_unique": EnqueueRow,
@@ -261,4 +292,8 @@ PARAMS: dict[str, type] = {
     "job_states": IdsParams,
     "get_jobs": IdsParams,
     "set_progress": SetProgressParams,
+    "schedule_declare": ScheduleDeclareParams,
+    "schedule_states": ScheduleNamesParams,
+    "schedule_enqueue": ScheduleEnqueueParams,
+    "schedules_list": NoParams,
 }

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import datetime, timedelta
 from itertools import repeat
 from operator import itemgetter
 from types import MappingProxyType
@@ -93,6 +94,35 @@ class OriginSummary(NamedTuple):
     jobs: int
     mean_seconds: float | None
     failed_attempts: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ScheduleState:
+    """Where a schedule stands: ticks after `last_tick` (after `created_at` when none was
+    enqueued yet) up to `now`, the database's clock, are due."""
+
+    name: str
+    created_at: datetime
+    last_tick: datetime | None
+    now: datetime
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ScheduleRecord:
+    """A declared schedule as stored (the CLI's view)."""
+
+    name: str
+    type: str
+    cron: str | None
+    every: timedelta | None
+    timezone: str
+    priority: int
+    catch_up: int
+    created_at: datetime
+    declared_at: datetime
+    last_tick: datetime | None
+    last_job_id: JobId | None
+    now: datetime
 
 
 def _columns(cls: type[object]) -> tuple[str, ...]:
@@ -181,6 +211,8 @@ ORIGIN_SUMMARY = NamedRow(OriginSummary, state=_state, failed_attempts=_zero_if_
 UNIQUE_HOLDER = NamedRow(UniqueHolder)
 JOB_STATE = NamedRow(JobStateRow, state=_state)
 CANCEL_RESULT = NamedRow(CancelResult, state=_state)
+SCHEDULE_STATE = NamedRow(ScheduleState)
+SCHEDULE_RECORD = NamedRow(ScheduleRecord)
 
 DoneAndClaimed = tuple[list[JobId], list[Job]]
 
@@ -277,4 +309,7 @@ ROWS: dict[str, tuple[str, ...]] = {
     "job_states": JOB_STATE.columns,
     "get_jobs": JOB_RECORD.columns,
     "cancel": CANCEL_RESULT.columns,
+    "schedule_declare": SCHEDULE_STATE.columns,
+    "schedule_states": SCHEDULE_STATE.columns,
+    "schedules_list": SCHEDULE_RECORD.columns,
 }

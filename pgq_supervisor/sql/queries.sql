@@ -464,3 +464,47 @@ SET synchronous_commit = off
 -- executor work of INSERT ... SELECT unnest. Triggers still fire once per statement.
 COPY {schema}.job (id, bundle_id, type, payload, priority, max_retry_count, origin, timeout)
 FROM STDIN
+
+-- name: schedule_declare
+-- A supervisor's schedules (sorted by name: concurrent declarations lock rows in one order).
+-- A new row's created_at starts it: only ticks after it are due. The definition columns are
+-- for the CLI; the code's definition is what fires.
+INSERT INTO {schema}.schedule AS s (name, type, cron, every, timezone, priority, catch_up)
+SELECT * FROM unnest(%(names)s::text[], %(types)s::text[], %(crons)s::text[],
+                     %(everys)s::interval[], %(timezones)s::text[], %(priorities)s::int[],
+                     %(catch_ups)s::int[])
+ORDER BY 1
+ON CONFLICT (name) DO UPDATE
+SET type = excluded.type, cron = excluded.cron, every = excluded.every,
+    timezone = excluded.timezone, priority = excluded.priority, catch_up = excluded.catch_up,
+    declared_at = now()
+RETURNING name, created_at, last_tick, now() AS now
+
+-- name: schedule_states
+-- Where the named schedules stand, with the database's clock (the ticks' time base).
+SELECT name, created_at, last_tick, now() AS now FROM {schema}.schedule
+WHERE name = ANY(%(names)s::text[])
+
+-- name: schedule_enqueue
+-- Enqueue one tick of a schedule, exactly once however many supervisors try: the UPDATE moves
+-- last_tick forward to the tick, and a concurrent one waits for the row, then finds last_tick
+-- no longer before the tick and inserts nothing. The job starts at its tick; its unique_key
+-- (periodic:NAME@TICK) records the tick for good (a retry or a release moves start_at).
+WITH advanced AS (
+    UPDATE {schema}.schedule SET last_tick = %(tick)s, last_job_id = %(id)s
+    WHERE name = %(name)s AND (last_tick IS NULL OR last_tick < %(tick)s)
+    RETURNING name
+)
+INSERT INTO {schema}.job (id, type, payload, priority, start_at, unique_key, origin)
+SELECT %(id)s, %(type)s, %(payload)s, %(priority)s, %(tick)s, %(unique_key)s, 'periodic:' || name
+FROM advanced
+ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state IN ('pending', 'running')
+DO NOTHING
+RETURNING id
+
+-- name: schedules_list
+-- Every schedule a supervisor declared, for the CLI.
+SELECT name, type, cron, every, timezone, priority, catch_up, created_at, declared_at,
+       last_tick, last_job_id, now() AS now
+FROM {schema}.schedule
+ORDER BY name

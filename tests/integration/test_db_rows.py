@@ -14,6 +14,7 @@ import pgq_supervisor as pgq
 from pgq_supervisor import db, sql
 from pgq_supervisor.db import Conn, rows
 from pgq_supervisor.jobs import AttemptKind, Bundle, JobId, JobRecord, JobState, LeaseToken
+from pgq_supervisor.periodic import Schedule
 
 from .support import SCHEMA, claim, claim_one, listening, make_due
 
@@ -92,6 +93,7 @@ def _sample_params(conn: Conn) -> dict[str, dict[str, object]]:
     bundle = db.insert_bundle(conn, SCHEMA, "t", 0, None, None)
     running = claim(conn, ["t"], limit=2)
     claim_args = {"worker_id": "w", "types": ["t"], "max_retry_counts": [3], "limit": 1}
+    db.declare_schedules(conn, SCHEMA, [Schedule.make("s0", type="t", every=timedelta(seconds=5))])
     return {
         "claim": {**claim_args, "lease": uuid.uuid4()},
         "succeed_and_claim": {
@@ -129,6 +131,17 @@ def _sample_params(conn: Conn) -> dict[str, dict[str, object]]:
         "summary_by_origin": {"origin": "o"},
         "unfinished_by_unique_keys": {"keys": ["u0", "u1", "u2"]},
         "cancel": {"id": ids[2]},
+        "schedule_declare": {
+            "names": ["s1"],
+            "types": ["t"],
+            "crons": ["* * * * *"],
+            "everys": [None],
+            "timezones": ["UTC"],
+            "priorities": [0],
+            "catch_ups": [0],
+        },
+        "schedule_states": {"names": ["s0"]},
+        "schedules_list": {},
     }
 
 

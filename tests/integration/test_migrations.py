@@ -59,6 +59,19 @@ BUNDLE_COLUMNS = {
     "created_at": ("timestamp with time zone", False),
     "updated_at": ("timestamp with time zone", False),
 }
+SCHEDULE_COLUMNS = {
+    "name": ("text", False),
+    "type": ("text", False),
+    "cron": ("text", True),
+    "every": ("interval", True),
+    "timezone": ("text", False),
+    "priority": ("integer", False),
+    "catch_up": ("integer", False),
+    "created_at": ("timestamp with time zone", False),
+    "declared_at": ("timestamp with time zone", False),
+    "last_tick": ("timestamp with time zone", True),
+    "last_job_id": ("uuid", True),
+}
 VERSION_COLUMNS = {
     "version": ("integer", False),
     "name": ("text", False),
@@ -67,6 +80,7 @@ VERSION_COLUMNS = {
 INDEXES = {
     "job_pkey": "CREATE UNIQUE INDEX job_pkey ON {s}.job USING btree (id)",
     "job_bundle_pkey": "CREATE UNIQUE INDEX job_bundle_pkey ON {s}.job_bundle USING btree (id)",
+    "schedule_pkey": "CREATE UNIQUE INDEX schedule_pkey ON {s}.schedule USING btree (name)",
     "schema_version_pkey": (
         "CREATE UNIQUE INDEX schema_version_pkey ON {s}.schema_version USING btree (version)"
     ),
@@ -151,6 +165,14 @@ CHECKS = {
     ("job_bundle", "job_bundle_counter_range"): (
         "CHECK (((num_jobs_stopped >= 0) AND (num_jobs_stopped <= num_jobs)))"
     ),
+    ("schedule", "schedule_name_check"): (
+        "CHECK (((char_length(name) >= 1) AND (char_length(name) <= 100)))"
+    ),
+    ("schedule", "schedule_type_check"): (
+        "CHECK (((char_length(type) >= 1) AND (char_length(type) <= 100)))"
+    ),
+    ("schedule", "schedule_catch_up_check"): "CHECK ((catch_up >= 0))",
+    ("schedule", "schedule_cron_or_every"): "CHECK (((cron IS NULL) <> (every IS NULL)))",
 }
 TRIGGERS = {
     "job_notify_inserted": (
@@ -217,10 +239,17 @@ def assert_declared_schema(conn: Conn, s: str) -> None:
     tables = conn.execute(
         "SELECT tablename FROM pg_tables WHERE schemaname = %s ORDER BY 1", (s,)
     ).fetchall()
-    assert [r[0] for r in tables] == ["job", "job_bundle", "job_dependency", "schema_version"]
+    assert [r[0] for r in tables] == [
+        "job",
+        "job_bundle",
+        "job_dependency",
+        "schedule",
+        "schema_version",
+    ]
     assert _columns(conn, s, "job") == JOB_COLUMNS
     assert _columns(conn, s, "job_dependency") == DEPENDENCY_COLUMNS
     assert _columns(conn, s, "job_bundle") == BUNDLE_COLUMNS
+    assert _columns(conn, s, "schedule") == SCHEDULE_COLUMNS
     assert _columns(conn, s, "schema_version") == VERSION_COLUMNS
 
     labels = conn.execute(
