@@ -58,11 +58,8 @@ class Listener:
             return False
         try:
             conn = db.connect(self._dsn, application_name="pgq-supervisor-listen")
-            with db.wrapped():
-                for channel in CHANNELS:
-                    conn.execute(
-                        psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(channel))
-                    )
+            for channel in CHANNELS:
+                db.listen(conn, channel)
         except DatabaseError as exc:
             delay = self.backoff.failed()
             log.warning("LISTEN connection failed, retrying in %.1f s: %s", delay, exc)

@@ -25,11 +25,10 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 
 import psycopg
-from psycopg import sql
 from psycopg.pq import TransactionStatus
 
 from pgq_supervisor import db
-from pgq_supervisor.errors import InvalidInput, JobNotFound
+from pgq_supervisor.errors import DatabaseError, InvalidInput, JobNotFound
 from pgq_supervisor.jobs import JobId, JobRecord, JobState
 
 STOPPED_CHANNEL = "pgq_job_stopped"
@@ -52,10 +51,6 @@ def _check_idle(status: TransactionStatus) -> None:
         )
 
 
-def _statements(channels: list[str], verb: str) -> list[sql.Composed]:
-    return [sql.SQL(verb + " {}").format(sql.Identifier(c)) for c in channels]
-
-
 @contextlib.contextmanager
 def _listening(conn: db.Conn, channels: list[str]) -> Iterator[None]:
     _check_idle(conn.info.transaction_status)
@@ -63,14 +58,14 @@ def _listening(conn: db.Conn, channels: list[str]) -> Iterator[None]:
     try:
         with db.wrapped():
             conn.autocommit = True
-            for stmt in _statements(channels, "LISTEN"):
-                conn.execute(stmt)
+        for channel in channels:
+            db.listen(conn, channel)
         yield
     finally:
         if not conn.closed and conn.info.transaction_status == TransactionStatus.IDLE:
-            with contextlib.suppress(psycopg.Error):
-                for stmt in _statements(channels, "UNLISTEN"):
-                    conn.execute(stmt)
+            with contextlib.suppress(psycopg.Error, DatabaseError):
+                for channel in channels:
+                    db.unlisten(conn, channel)
                 conn.autocommit = was_autocommit
 
 
@@ -81,14 +76,14 @@ async def _listening_async(conn: db.AsyncConn, channels: list[str]) -> AsyncIter
     try:
         with db.wrapped():
             await conn.set_autocommit(True)
-            for stmt in _statements(channels, "LISTEN"):
-                await conn.execute(stmt)
+        for channel in channels:
+            await db.listen_async(conn, channel)
         yield
     finally:
         if not conn.closed and conn.info.transaction_status == TransactionStatus.IDLE:
-            with contextlib.suppress(psycopg.Error):
-                for stmt in _statements(channels, "UNLISTEN"):
-                    await conn.execute(stmt)
+            with contextlib.suppress(psycopg.Error, DatabaseError):
+                for channel in channels:
+                    await db.unlisten_async(conn, channel)
                 await conn.set_autocommit(was_autocommit)
 
 

@@ -32,7 +32,10 @@ from pgq_supervisor.db.connection import (
     durable_commit,
     is_permanent_connect_error,
     listen,
+    listen_async,
     redact,
+    unlisten,
+    unlisten_async,
     wrapped,
 )
 from pgq_supervisor.db.enqueueing import (
@@ -108,6 +111,7 @@ __all__ = [
     "list_jobs",
     "list_schedules",
     "listen",
+    "listen_async",
     "lock_bundles",
     "next_due",
     "queue_stats",
@@ -121,5 +125,7 @@ __all__ = [
     "succeed",
     "succeed_and_claim",
     "summary_by_origin",
+    "unlisten",
+    "unlisten_async",
     "wrapped",
 ]

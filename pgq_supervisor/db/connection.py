@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
+from typing import LiteralString
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -128,7 +129,26 @@ def durable_commit(conn: Conn) -> None:
         conn.execute(statement("durable_commit", DEFAULT_SCHEMA))
 
 
+def _channel_statement(verb: LiteralString, channel: str) -> sql.Composed:
+    return sql.SQL(verb + " {}").format(sql.Identifier(channel))
+
+
 def listen(conn: Conn, channel: str) -> None:
     """LISTEN on `channel` (an identifier, quoted here)."""
     with wrapped():
-        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+        conn.execute(_channel_statement("LISTEN", channel))
+
+
+def unlisten(conn: Conn, channel: str) -> None:
+    with wrapped():
+        conn.execute(_channel_statement("UNLISTEN", channel))
+
+
+async def listen_async(conn: AsyncConn, channel: str) -> None:
+    with wrapped():
+        await conn.execute(_channel_statement("LISTEN", channel))
+
+
+async def unlisten_async(conn: AsyncConn, channel: str) -> None:
+    with wrapped():
+        await conn.execute(_channel_statement("UNLISTEN", channel))
