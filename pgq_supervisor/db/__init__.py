@@ -3,8 +3,8 @@
 Functions here never commit: the caller owns the transaction (or uses an autocommit
 connection). psycopg errors are wrapped once, here, into `DatabaseError`. By concern:
 `connection` (connecting, error mapping), `enqueueing`, `lifecycle` (the worker's side and the
-rescue), `admin`, `watching` (waiters and progress); `params` and `rows` type what goes in and
-what comes out.
+rescue), `admin`, `control` (pauses and rates), `watching` (waiters and progress); `params`
+and `rows` type what goes in and what comes out.
 """
 
 from pgq_supervisor.db.admin import (
@@ -35,6 +35,13 @@ from pgq_supervisor.db.connection import (
     redact,
     wrapped,
 )
+from pgq_supervisor.db.control import (
+    pause,
+    rate_next_due,
+    resume,
+    sync_rates,
+    type_controls,
+)
 from pgq_supervisor.db.enqueueing import (
     enqueue,
     enqueue_async,
@@ -55,7 +62,7 @@ from pgq_supervisor.db.lifecycle import (
     succeed_and_claim,
 )
 from pgq_supervisor.db.params import ClaimArgs, dump_json
-from pgq_supervisor.db.rows import CancelResult
+from pgq_supervisor.db.rows import CancelResult, TypeControl
 from pgq_supervisor.db.watching import (
     get_jobs,
     get_jobs_async,
@@ -70,6 +77,7 @@ __all__ = [
     "CancelResult",
     "ClaimArgs",
     "Conn",
+    "TypeControl",
     "cancel",
     "cancelled_among",
     "claim",
@@ -101,15 +109,20 @@ __all__ = [
     "listen",
     "lock_bundles",
     "next_due",
+    "pause",
     "queue_stats",
+    "rate_next_due",
     "redact",
     "release",
     "rescue",
     "reset",
+    "resume",
     "retry_failed",
     "set_progress",
     "succeed",
     "succeed_and_claim",
     "summary_by_origin",
+    "sync_rates",
+    "type_controls",
     "wrapped",
 ]

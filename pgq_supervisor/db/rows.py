@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime
 from itertools import repeat
 from operator import itemgetter
 from typing import TYPE_CHECKING, Generic, NamedTuple, Protocol, TypeVar
@@ -80,6 +81,24 @@ class CancelResult:
     state: JobState
     cancelled: bool
     worker_id: str | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TypeControl:
+    """A paused or rate-limited type: when and why it was paused (None: not paused), its rate
+    (None: none) and the starts its window allows now."""
+
+    type: str
+    paused_at: datetime | None
+    paused_by: str | None
+    reason: str | None
+    max_starts: int | None
+    period: float | None
+    free_starts: int | None
+
+    @property
+    def paused(self) -> bool:
+        return self.paused_at is not None
 
 
 class OriginSummary(NamedTuple):
@@ -158,6 +177,7 @@ ORIGIN_SUMMARY = NamedRow(OriginSummary, state=_state, failed_attempts=_zero_if_
 UNIQUE_HOLDER = NamedRow(UniqueHolder)
 JOB_STATE = NamedRow(JobStateRow, state=_state)
 CANCEL_RESULT = NamedRow(CancelResult, state=_state)
+TYPE_CONTROL = NamedRow(TypeControl)
 
 DoneAndClaimed = tuple[list[JobId], list[Job]]
 
@@ -224,4 +244,5 @@ ROWS: dict[str, tuple[str, ...]] = {
     "job_states": JOB_STATE.columns,
     "get_jobs": JOB_RECORD.columns,
     "cancel": CANCEL_RESULT.columns,
+    "type_controls": TYPE_CONTROL.columns,
 }

@@ -85,6 +85,7 @@ def _sample_params(conn: Conn) -> dict[str, dict[str, object]]:
     ids = [pgq.enqueue(conn, "t", {"n": i}, unique_key=f"u{i}", origin="o") for i in range(3)]
     bundle = db.insert_bundle(conn, SCHEMA, "t", 0, None, None)
     running = claim(conn, ["t"], limit=2)
+    pgq.pause(conn, "other", reason="sample")  # any paused type gives type_controls a row
     claim_args = {"worker_id": "w", "types": ["t"], "max_retry_counts": [3], "limit": 1}
     return {
         "claim": {**claim_args, "lease": uuid.uuid4()},
@@ -123,6 +124,7 @@ def _sample_params(conn: Conn) -> dict[str, dict[str, object]]:
         "summary_by_origin": {"origin": "o"},
         "unfinished_by_unique_keys": {"keys": ["u0", "u1", "u2"]},
         "cancel": {"id": ids[2]},
+        "type_controls": {},
     }
 
 

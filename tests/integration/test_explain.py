@@ -60,11 +60,11 @@ def _fill(conn: Conn) -> None:
 
 
 def _pick_plan(conn: Conn, types: list[str], limit: int) -> list[Plan]:
-    """The plan of claim_pick's query, planned as the function plans it: its own text from
+    """The plan of claim_pick_rows's query (claim_pick before 0008), planned as the function plans it: its own text from
     pg_proc, under its own SET clauses (proconfig)."""
     row = conn.execute(
         "SELECT p.prosrc, p.proconfig FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
-        " WHERE n.nspname = 'pgq' AND p.proname = 'claim_pick'"
+        " WHERE n.nspname = 'pgq' AND p.proname = 'claim_pick_rows'"
     ).fetchone()
     assert row is not None
     src, config = row

@@ -56,6 +56,20 @@ VERSION_COLUMNS = {
     "name": ("text", False),
     "applied_at": ("timestamp with time zone", False),
 }
+TYPE_PAUSE_COLUMNS = {
+    "type": ("text", False),
+    "paused_at": ("timestamp with time zone", False),
+    "paused_by": ("text", True),
+    "reason": ("text", True),
+}
+TYPE_RATE_COLUMNS = {
+    "type": ("text", False),
+    "max_starts": ("integer", False),
+    "period": ("double precision", False),
+    "buckets": ("ARRAY", False),
+    "counts": ("ARRAY", False),
+    "updated_at": ("timestamp with time zone", False),
+}
 INDEXES = {
     "job_pkey": "CREATE UNIQUE INDEX job_pkey ON {s}.job USING btree (id)",
     "job_bundle_pkey": "CREATE UNIQUE INDEX job_bundle_pkey ON {s}.job_bundle USING btree (id)",
@@ -79,6 +93,8 @@ INDEXES = {
         "CREATE INDEX job_running_idx ON {s}.job USING btree (worker_id)"
         " WHERE (state = 'running'::{s}.job_state)"
     ),
+    "type_pause_pkey": "CREATE UNIQUE INDEX type_pause_pkey ON {s}.type_pause USING btree (type)",
+    "type_rate_pkey": "CREATE UNIQUE INDEX type_rate_pkey ON {s}.type_rate USING btree (type)",
     "job_finished_idx": (
         "CREATE INDEX job_finished_idx ON {s}.job USING btree (state, stopped_at)"
         " WHERE (stopped_at IS NOT NULL)"
@@ -127,6 +143,14 @@ CHECKS = {
     ("job_bundle", "job_bundle_counter_range"): (
         "CHECK (((num_jobs_stopped >= 0) AND (num_jobs_stopped <= num_jobs)))"
     ),
+    ("type_pause", "type_pause_type_check"): (
+        "CHECK (((char_length(type) >= 1) AND (char_length(type) <= 100)))"
+    ),
+    ("type_rate", "type_rate_type_check"): (
+        "CHECK (((char_length(type) >= 1) AND (char_length(type) <= 100)))"
+    ),
+    ("type_rate", "type_rate_max_starts_check"): "CHECK ((max_starts > 0))",
+    ("type_rate", "type_rate_period_check"): "CHECK ((period > (0)::double precision))",
 }
 TRIGGERS = {
     "job_notify_inserted": (
@@ -150,6 +174,10 @@ FUNCTIONS = {
     "job_notify_inserted",
     "job_bundle_count",
     "claim_pick",
+    "claim_pick_rows",
+    "claim_pick_rated",
+    "rate_bucket",
+    "rate_window",
 }
 
 
@@ -171,8 +199,16 @@ def assert_declared_schema(conn: Conn, s: str) -> None:
     tables = conn.execute(
         "SELECT tablename FROM pg_tables WHERE schemaname = %s ORDER BY 1", (s,)
     ).fetchall()
-    assert [r[0] for r in tables] == ["job", "job_bundle", "schema_version"]
+    assert [r[0] for r in tables] == [
+        "job",
+        "job_bundle",
+        "schema_version",
+        "type_pause",
+        "type_rate",
+    ]
     assert _columns(conn, s, "job") == JOB_COLUMNS
+    assert _columns(conn, s, "type_pause") == TYPE_PAUSE_COLUMNS
+    assert _columns(conn, s, "type_rate") == TYPE_RATE_COLUMNS
     assert _columns(conn, s, "job_bundle") == BUNDLE_COLUMNS
     assert _columns(conn, s, "schema_version") == VERSION_COLUMNS
 
