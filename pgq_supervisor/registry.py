@@ -88,7 +88,7 @@ class Rate:
     def parse(cls, type_: str, rate: object) -> Rate:
         """`(N, period)` with N a positive integer and period seconds or a timedelta, > 0;
         ConfigError otherwise."""
-        if isinstance(rate, tuple) and len(rate) == 2:
+        if isinstance(rate, tuple | list) and len(rate) == 2:
             n, period = rate
             if isinstance(period, timedelta):
                 period = period.total_seconds()
