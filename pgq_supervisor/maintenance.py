@@ -189,6 +189,7 @@ def maintenance_timers(
     *,
     now: float,
     rng: random.Random,
+    clock: Clock,
     rated: Sequence[str] = (),
 ) -> Timers:
     """The supervisor's timers (see the module docstring). All but `activity` are due at once.
@@ -203,7 +204,11 @@ def maintenance_timers(
 
     def rate_due(now: float) -> None:
         due = control.run(lambda conn: db.rate_next_due(conn, settings.db_schema, rated))
-        rate_wake.arm(float("inf") if due is None else now + max(0.0, due))
+        # counted from the answer, not from `now`: the database measured `due` from its
+        # statement's start, later than `now`; a wake-up that came early would claim in the
+        # full window, find nothing, and the next question would find no full window to wait
+        # for (nothing would wake a child until the poll)
+        rate_wake.arm(float("inf") if due is None else clock() + max(0.0, due))
 
     def rescue(now: float) -> None:
         rescued = control.run(services.rescuer.run_once)

@@ -148,7 +148,7 @@ class Supervisor:
         self.services = services or Services.from_settings(settings, self.metrics, now)
         self.timers = maintenance_timers(
             settings, self.types, self.services, self.control, self.metrics, self.wake,
-            now=now, rng=self.rng, rated=sorted(registry.rates(self.types)),
+            now=now, rng=self.rng, rated=sorted(registry.rates(self.types)), clock=clock,
         )  # fmt: skip
         self.timers.add(
             Timer(
