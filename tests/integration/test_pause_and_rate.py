@@ -141,16 +141,22 @@ def test_two_connections_claiming_at_once_never_exceed_the_rate(dsn: str, conn: 
     _enqueue(conn, "r", 200)
     _enqueue(conn, "u", 200)
     db.sync_rates(conn, SCHEMA, ["r", "u"], {"r": (n, period)})
-    barrier = threading.Barrier(2)
     stop_at = time.monotonic() + 1.5
+    go = [True]
+
+    def decide() -> None:  # once per round, so both threads stop at the same round
+        go[0] = time.monotonic() < stop_at
+
+    barrier = threading.Barrier(2, action=decide)
 
     def worker(i: int) -> int:
         claimed = 0
         with psycopg.connect(dsn, autocommit=True) as c:
-            while time.monotonic() < stop_at:
+            while True:
                 barrier.wait(timeout=10)
+                if not go[0]:
+                    return claimed
                 claimed += len(claim(c, ["r", "u"], worker_id=f"w{i}", limit=4))
-        return claimed
 
     in_threads(2, worker)
     starts = _starts(conn, "r")
