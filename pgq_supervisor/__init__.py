@@ -11,9 +11,11 @@ from pgq_supervisor.client import (
     get_bundle,
     get_job,
     migrate,
+    pause,
     queue_depth,
     queue_stats,
     reset_job,
+    resume,
     retry_failed,
 )
 from pgq_supervisor.errors import (
@@ -70,9 +72,11 @@ __all__ = [
     "get_bundle",
     "get_job",
     "migrate",
+    "pause",
     "queue_depth",
     "queue_stats",
     "reset_job",
+    "resume",
     "retry_failed",
     "wait",
     "wait_async",

@@ -1,4 +1,5 @@
-"""Administrative commands: status, depth, jobs, show, retry, cancel, purge, schedules.
+"""Administrative commands: status, depth, jobs, show, retry, cancel, purge, schedules, pause,
+resume.
 
 Readable tables by default, one JSON document on stdout with `--json` (for scripts). Errors are
 raised as the package's own exceptions and cli.main prints each as one line:
@@ -17,6 +18,7 @@ from datetime import datetime
 from typing import TypeVar
 
 from pgq_supervisor import admin_schedules, db
+from pgq_supervisor.admin_control import cmd_pause, cmd_resume, paused_json, paused_lines
 from pgq_supervisor.admin_show import cmd_show, progress_cell
 from pgq_supervisor.connect import open_db
 from pgq_supervisor.errors import InvalidInput, InvalidTransition
@@ -31,7 +33,8 @@ from pgq_supervisor.jobs import (
 from pgq_supervisor.settings import Settings, parse_duration
 
 COMMANDS: tuple[str, ...] = (
-    "status", "depth", "jobs", "show", "retry", "cancel", "purge", "schedules",
+    "status", "depth", "jobs", "show", "retry", "cancel", "purge", "schedules", "pause",
+    "resume",
 )  # fmt: skip
 
 Parser = TypeVar("Parser", bound=argparse.ArgumentParser)
@@ -89,6 +92,15 @@ def add_commands(sub: argparse._SubParsersAction[Parser], common: Parser) -> Non
 
     admin_schedules.add_command(sub, parents)
 
+    p = sub.add_parser("pause", parents=parents, help="stop claiming a job type (idempotent)")
+    p.add_argument("type", type=_job_type)
+    p.add_argument("--reason", help="why, shown by status")
+    p.set_defaults(handler=cmd_pause)
+
+    p = sub.add_parser("resume", parents=parents, help="claim a paused job type again")
+    p.add_argument("type", type=_job_type)
+    p.set_defaults(handler=cmd_resume)
+
 
 # ---- argument types: argparse turns their errors into a usage error (exit 2) ----
 
@@ -124,6 +136,7 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     _, conn = open_db(settings)
     with conn:
         stats = db.queue_stats(conn, settings.db_schema)
+        controls = db.type_controls(conn, settings.db_schema)
     rows = _status_rows(stats)
     total = _StatusRow("TOTAL")
     for r in rows:
@@ -133,18 +146,19 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
             {
                 "types": [r.to_json() for r in rows],
                 "total": {k: v for k, v in total.to_json().items() if k != "type"},
+                "paused": paused_json(controls),
             }
         )
         return 0
     if not rows:
-        print("no jobs")
+        print("\n".join(["no jobs", *paused_lines(controls)]))
         return 0
     headers = ["TYPE", "READY", "DELAYED", "WAITING", "RUNNING"]
     headers += [s.value.upper() for s in FINISHED]
     body = [r.cells() for r in rows]
     if len(rows) > 1:
         body.append(total.cells())
-    print(_table([*headers, "OLDEST READY"], body, left=1))
+    print("\n".join([_table([*headers, "OLDEST READY"], body, left=1), *paused_lines(controls)]))
     return 0
 
 

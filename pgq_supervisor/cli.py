@@ -146,7 +146,16 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     if unknown:
         raise ConfigError(f"invalid setting types: no handler for {', '.join(unknown)}")
     dsn, conn = open_db(settings)
-    conn.close()
+    with conn:
+        # before any child claims: the rates are enforced from the rows written here
+        served = settings.types or registry.types
+        rates = registry.rates(served)
+        db.sync_rates(
+            conn,
+            settings.db_schema,
+            served,
+            {t: (r.max_starts, r.period) for t, r in rates.items()},
+        )
     metrics = Metrics()
     sup = Supervisor(settings, registry, dsn, metrics=metrics)
     server = None

@@ -24,6 +24,7 @@ from pgq_supervisor.jobs import (
     JsonValue,
     NewJob,
     TypeStats,
+    check_type_name,
 )
 from pgq_supervisor.waiting import wait, wait_async
 
@@ -200,6 +201,36 @@ def reset_job(conn: db.Conn, id: JobId, *, force: bool = False, schema: str | No
             " (use force=True to take it from its worker)" if blocked_by is JobState.RUNNING else ""
         )
         raise InvalidTransition(f"job {id} is {blocked_by.value}; cannot reset it{hint}")
+
+
+def pause(
+    conn: db.Conn,
+    type: str,
+    *,
+    reason: str | None = None,
+    by: str | None = None,
+    schema: str | None = None,
+) -> bool:
+    """Pause a job type: no supervisor claims its jobs until `resume` (running ones finish;
+    the rest wait in pending, costing no attempt). Takes effect when this commits. Returns
+    False if the type was paused already (nothing changes then: its reason and time stay).
+    InvalidInput for an invalid type name."""
+    _check_type(type)
+    return db.pause(conn, _schema(schema), type, paused_by=by, reason=reason) is not None
+
+
+def resume(conn: db.Conn, type: str, *, schema: str | None = None) -> bool:
+    """Resume a paused job type; its workers are woken when this commits. Returns False if
+    the type was not paused (nothing changes). InvalidInput for an invalid type name."""
+    _check_type(type)
+    return db.resume(conn, _schema(schema), type)
+
+
+def _check_type(type_: str) -> None:
+    try:
+        check_type_name(type_)
+    except ValueError as exc:
+        raise InvalidInput(str(exc)) from None
 
 
 def retry_failed(conn: db.Conn, *, type: str | None = None, schema: str | None = None) -> int:

@@ -5,6 +5,9 @@ they share.
     poll           poll_interval ± 20 %              wake one idle child: the fallback behind NOTIFY
     due-jobs       poll_interval ± 20 %              ask when the earliest delayed job comes due ─┐
     due-wake       once, when that job comes due     wake one child (nothing notifies it)  ◀──────┘
+    rate-due       poll_interval ± 20 %, and soon    ask when a full rate window of a served  ─┐
+                   after a child finds nothing       type frees a start (only with rates)      │
+    rate-wake      once, when that start frees       wake one child (nothing notifies it) ◀───┘
     rescue         rescue_interval ± 20 %            Rescuer: reclaim jobs with stale heartbeats
     queue-metrics  poll_interval ± 20 %              QueueMetrics: the pgq_jobs_* gauges
     prune          60 s; poll_interval while behind  Pruner: finished jobs past retention
@@ -45,6 +48,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 Clock = Callable[[], float]
 JITTER = 0.2  # ± fraction of an interval: supervisors started together drift apart
+RATE_DUE = "rate-due"
 
 
 class ControlDown(DatabaseUnavailable):
@@ -124,6 +128,12 @@ class Timers:
     def add(self, timer: Timer) -> None:
         self.by_name[timer.name] = timer
 
+    def run_soon(self, name: str, at: float) -> None:
+        """Bring timer `name` forward to `at` if it has one and is due later."""
+        timer = self.by_name.get(name)
+        if timer is not None and timer.next_at > at:
+            timer.arm(at)
+
     def next_at(self, *, stopping: bool) -> float:
         """When the earliest timer that may run is due (inf if none)."""
         times = [t.next_at for t in self.by_name.values() if t.in_shutdown or not stopping]
@@ -188,14 +198,26 @@ def maintenance_timers(
     *,
     now: float,
     rng: random.Random,
+    clock: Clock,
+    rated: Sequence[str] = (),
 ) -> Timers:
-    """The supervisor's timers (see the module docstring). All but `activity` are due at once."""
+    """The supervisor's timers (see the module docstring). All but `activity` are due at once.
+    `rated`: the served types with a rate; without any, no rate timers."""
     poll = settings.poll_interval
     due_wake = Timer("due-wake", lambda now: wake(1), None, next_at=float("inf"))
+    rate_wake = Timer("rate-wake", lambda now: wake(1), None, next_at=float("inf"))
 
     def due_jobs(now: float) -> None:
         due = control.run(lambda conn: db.next_due(conn, settings.db_schema, types))
         due_wake.arm(float("inf") if due is None else now + max(0.0, due))
+
+    def rate_due(now: float) -> None:
+        due = control.run(lambda conn: db.rate_next_due(conn, settings.db_schema, rated))
+        # counted from the answer, not from `now`: the database measured `due` from its
+        # statement's start, later than `now`; a wake-up that came early would claim in the
+        # full window, find nothing, and the next question would find no full window to wait
+        # for (nothing would wake a child until the poll)
+        rate_wake.arm(float("inf") if due is None else clock() + max(0.0, due))
 
     def rescue(now: float) -> None:
         rescued = control.run(services.rescuer.run_once)
@@ -228,6 +250,7 @@ def maintenance_timers(
         Timer("poll", lambda now: wake(1), poll),
         Timer("due-jobs", due_jobs, poll),
         due_wake,
+        *([Timer(RATE_DUE, rate_due, poll), rate_wake] if rated else []),
         Timer("rescue", rescue, settings.rescue_every),
         Timer("queue-metrics", queue_metrics, poll),
     ]

@@ -68,7 +68,18 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        self.paused = Gauge(
+            "pgq_type_paused", "1 while the job type is paused, else 0", ["type"], registry=r
+        )
+        self.held_back = Gauge(
+            "pgq_jobs_held_back",
+            "Ready jobs not claimable now: the type is paused, or beyond its rate limit's free"
+            " starts",
+            ["type", "reason"],
+            registry=r,
+        )
         self._known_types: set[str] = set()
+        self._controlled: set[str] = set()
 
     def record(
         self, outcomes: Sequence[tuple[str, str, float]], latencies: Sequence[float]
@@ -106,6 +117,23 @@ class Metrics:
             self.oldest_ready.labels(t).set(oldest.get(t, 0.0))
         self._known_types |= seen
 
+    def update_controls(
+        self, controls: Sequence[db.TypeControl], stats: Sequence[TypeStats]
+    ) -> None:
+        ready = {s.type: s.ready for s in stats if s.state is JobState.PENDING}
+        paused = {c.type for c in controls if c.paused}
+        held_by_rate = {
+            c.type: max(0, ready.get(c.type, 0) - c.free_starts)
+            for c in controls
+            if c.free_starts is not None and not c.paused
+        }
+        # a type resumed or no longer rated reports 0 rather than a stale value
+        for t in {c.type for c in controls} | self._controlled:
+            self.paused.labels(t).set(t in paused)
+            self.held_back.labels(t, "paused").set(ready.get(t, 0) if t in paused else 0)
+            self.held_back.labels(t, "rate").set(held_by_rate.get(t, 0))
+        self._controlled |= {c.type for c in controls}
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
@@ -116,8 +144,9 @@ class QueueMetricsResult:
 
 
 class QueueMetrics:
-    """The queue gauges (ready, delayed, running, oldest ready age per type), refreshed from
-    the database. Every supervisor reports the same queue-wide values."""
+    """The queue gauges (ready, delayed, running, oldest ready age per type; paused types and
+    jobs held back by a pause or a rate), refreshed from the database. Every supervisor
+    reports the same queue-wide values."""
 
     def __init__(self, schema: str, metrics: Metrics) -> None:
         self.schema = schema
@@ -128,6 +157,7 @@ class QueueMetrics:
         their last values then."""
         stats = db.queue_stats(conn, self.schema, active_only=True)
         self.metrics.update_queue(stats)
+        self.metrics.update_controls(db.type_controls(conn, self.schema), stats)
         return QueueMetricsResult(len(stats))
 
 

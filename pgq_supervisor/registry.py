@@ -6,6 +6,7 @@ the worker, the executor and the supervisor ask it rather than each working it o
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 import math
@@ -75,6 +76,40 @@ UNHANDLED = Policy(timeout=None, max_retry_count=0, backoff=_no_retry)
 
 
 @dataclass(frozen=True, slots=True)
+class Rate:
+    """At most `max_starts` starts of a type per `period` seconds, across every supervisor: no
+    window of `period` seconds (by the jobs' started_at, the database clock) holds more. The
+    window slides in steps of period / 20 (schema/0007), so a full window frees up at most
+    that much later than it could."""
+
+    max_starts: int
+    period: float
+
+    @classmethod
+    def parse(cls, type_: str, rate: object) -> Rate:
+        """`(N, period)` with N a positive integer and period seconds or a timedelta, > 0;
+        ConfigError otherwise."""
+        if isinstance(rate, tuple | list) and len(rate) == 2:
+            n, period = rate
+            if isinstance(period, timedelta):
+                period = period.total_seconds()
+            if (
+                isinstance(n, int)
+                and not isinstance(n, bool)
+                and n > 0
+                and isinstance(period, int | float)
+                and not isinstance(period, bool)
+                and math.isfinite(period)
+                and period > 0
+            ):
+                return cls(n, float(period))
+        raise ConfigError(
+            f"handler {type_!r}: rate must be (max_starts, period) with max_starts an integer"
+            f" > 0 and period seconds or a timedelta > 0, got {rate!r}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class ClaimPolicy:
     """The arrays a claim passes: the types a worker takes and each one's retry budget (the
     claim stores it on jobs enqueued without their own)."""
@@ -91,6 +126,7 @@ class Handler:
     wants_job: bool
     wants_conn: bool
     policy: Policy
+    rate: Rate | None = None
 
     @property
     def timeout(self) -> float | None:
@@ -138,7 +174,11 @@ class Registry:
         timeout: float | None = None,
         max_retry_count: int = DEFAULT_MAX_RETRY_COUNT,
         retry: RetryPolicy | Backoff | None = None,
+        rate: tuple[int, float | timedelta] | None = None,
     ) -> Callable[[F], F]:
+        """Register the decorated function as the handler of `type_`. `rate=(N, period)`: at
+        most N starts of the type per period (seconds or timedelta) across all supervisors
+        (see Rate). ConfigError for an invalid option."""
         try:
             check_type_name(type_)
         except ValueError as exc:
@@ -147,13 +187,13 @@ class Registry:
             raise ConfigError(f"handler {type_!r}: timeout must be > 0, got {timeout}")
         if max_retry_count < 0:
             raise ConfigError(f"handler {type_!r}: max_retry_count must be >= 0")
+        parsed_rate = None if rate is None else Rate.parse(type_, rate)
 
         def register(func: F) -> F:
             if type_ in self.handlers:
                 raise ConfigError(f"job type {type_!r} has two handlers")
-            self.handlers[type_] = _make_handler(
-                type_, func, timeout, max_retry_count, retry or RetryPolicy()
-            )
+            handler = _make_handler(type_, func, timeout, max_retry_count, retry or RetryPolicy())
+            self.handlers[type_] = dataclasses.replace(handler, rate=parsed_rate)
             return func
 
         return register
@@ -228,6 +268,11 @@ class Registry:
         """The policy of `type_`'s handler; UNHANDLED when there is none."""
         handler = self.handlers.get(type_)
         return UNHANDLED if handler is None else handler.policy
+
+    def rates(self, types: Sequence[str]) -> dict[str, Rate]:
+        """The rates of those of `types` that have one."""
+        found = {t: self.handlers[t].rate for t in types if t in self.handlers}
+        return {t: r for t, r in found.items() if r is not None}
 
     def claim_policy(self, types: Sequence[str]) -> ClaimPolicy:
         """What a claim of `types` passes; InvalidInput if one has no handler."""

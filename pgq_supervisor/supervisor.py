@@ -6,8 +6,9 @@
     ├── listener: LISTEN pgq_job_available ── one notification wakes one idle child
     │             LISTEN pgq_job_cancel ── stop the child holding a cancelled job (cancels.py)
     ├── control connection: settle dead children's jobs; the timers' database work
-    ├── timers (maintenance.py): poll wake · due jobs · rescue · queue metrics · prune · summary
-    │                            · cancel check (the poll behind pgq_job_cancel)
+    ├── timers (maintenance.py): poll wake · due jobs · rate windows · rescue · queue metrics
+    │                            · prune · summary · cancel check (the poll behind
+    │                            pgq_job_cancel)
     ├── pgq-worker[0] ─ job connection + heartbeat thread (see worker.py)
     ├── pgq-worker[1]
     └── ...
@@ -59,7 +60,13 @@ from pgq_supervisor.deaths import Deaths
 from pgq_supervisor.errors import DatabaseError, ExitCode
 from pgq_supervisor.ipc import BootFailed, Idle, JobSlot, Ready, Report, Retiring, Wake
 from pgq_supervisor.listener import AVAILABLE, CANCEL, Listener
-from pgq_supervisor.maintenance import ControlConnection, Services, Timer, maintenance_timers
+from pgq_supervisor.maintenance import (
+    RATE_DUE,
+    ControlConnection,
+    Services,
+    Timer,
+    maintenance_timers,
+)
 from pgq_supervisor.metrics import Metrics
 from pgq_supervisor.registry import Registry
 from pgq_supervisor.settings import Settings
@@ -143,7 +150,7 @@ class Supervisor:
         )
         self.timers = maintenance_timers(
             settings, self.types, self.services, self.control, self.metrics, self.wake,
-            now=now, rng=self.rng,
+            now=now, rng=self.rng, rated=sorted(registry.rates(self.types)), clock=clock,
         )  # fmt: skip
         self.timers.add(
             Timer(
@@ -321,6 +328,9 @@ class Supervisor:
                     self.metrics.record(msg.outcomes, msg.wake_latencies)
                     self.services.activity.record(msg.outcomes)
                 case Idle():
+                    # a claim found nothing: if a rate window held jobs back, learn when it
+                    # frees a start (no-op without rated types)
+                    self.timers.run_soon(RATE_DUE, self.clock())
                     if self.missed_wakes > 0 and not child.leaving:
                         self.missed_wakes -= 1
                         child.send(Wake(self.clock()))

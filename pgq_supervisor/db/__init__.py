@@ -3,8 +3,8 @@
 Functions here never commit: the caller owns the transaction (or uses an autocommit
 connection). psycopg errors are wrapped once, here, into `DatabaseError`. By concern:
 `connection` (connecting, error mapping), `enqueueing`, `lifecycle` (the worker's side and the
-rescue), `admin`, `watching` (waiters and progress), `schedules` (periodic jobs); `params` and
-`rows` type what goes in and what comes out.
+rescue), `admin`, `control` (pauses and rates), `watching` (waiters and progress), `schedules`
+(periodic jobs); `params` and `rows` type what goes in and what comes out.
 """
 
 from pgq_supervisor.db.admin import (
@@ -38,6 +38,13 @@ from pgq_supervisor.db.connection import (
     unlisten_async,
     wrapped,
 )
+from pgq_supervisor.db.control import (
+    pause,
+    rate_next_due,
+    resume,
+    sync_rates,
+    type_controls,
+)
 from pgq_supervisor.db.enqueueing import (
     enqueue,
     enqueue_async,
@@ -58,7 +65,7 @@ from pgq_supervisor.db.lifecycle import (
     succeed_and_claim,
 )
 from pgq_supervisor.db.params import ClaimArgs, dump_json
-from pgq_supervisor.db.rows import CancelResult
+from pgq_supervisor.db.rows import CancelResult, TypeControl
 from pgq_supervisor.db.schedules import (
     declare_schedules,
     enqueue_tick,
@@ -79,6 +86,7 @@ __all__ = [
     "CancelResult",
     "ClaimArgs",
     "Conn",
+    "TypeControl",
     "cancel",
     "cancelled_among",
     "claim",
@@ -114,17 +122,22 @@ __all__ = [
     "listen_async",
     "lock_bundles",
     "next_due",
+    "pause",
     "queue_stats",
+    "rate_next_due",
     "redact",
     "release",
     "rescue",
     "reset",
+    "resume",
     "retry_failed",
     "schedule_states",
     "set_progress",
     "succeed",
     "succeed_and_claim",
     "summary_by_origin",
+    "sync_rates",
+    "type_controls",
     "unlisten",
     "unlisten_async",
     "wrapped",

@@ -129,26 +129,26 @@ def durable_commit(conn: Conn) -> None:
         conn.execute(statement("durable_commit", DEFAULT_SCHEMA))
 
 
-def _channel_statement(verb: LiteralString, channel: str) -> sql.Composed:
+def _on_channel(verb: LiteralString, channel: str) -> sql.Composed:
     return sql.SQL(verb + " {}").format(sql.Identifier(channel))
 
 
 def listen(conn: Conn, channel: str) -> None:
     """LISTEN on `channel` (an identifier, quoted here)."""
     with wrapped():
-        conn.execute(_channel_statement("LISTEN", channel))
+        conn.execute(_on_channel("LISTEN", channel))
 
 
 def unlisten(conn: Conn, channel: str) -> None:
     with wrapped():
-        conn.execute(_channel_statement("UNLISTEN", channel))
+        conn.execute(_on_channel("UNLISTEN", channel))
 
 
 async def listen_async(conn: AsyncConn, channel: str) -> None:
     with wrapped():
-        await conn.execute(_channel_statement("LISTEN", channel))
+        await conn.execute(_on_channel("LISTEN", channel))
 
 
 async def unlisten_async(conn: AsyncConn, channel: str) -> None:
     with wrapped():
-        await conn.execute(_channel_statement("UNLISTEN", channel))
+        await conn.execute(_on_channel("UNLISTEN", channel))

@@ -213,6 +213,29 @@ class NoParams(TypedDict):
     pass
 
 
+# ---- pauses and rates ----------------------------------------------------------------------
+
+
+class PauseParams(TypedDict):
+    type: str
+    paused_by: str | None
+    reason: str | None
+
+
+class TypeParams(TypedDict):
+    type: str
+
+
+class SyncRatesParams(TypedDict):
+    """`sync_rates`: `rated[i]` allows `max_starts[i]` starts per `periods[i]` seconds; the
+    rows of `served` types not in `rated` are deleted."""
+
+    served: list[str]
+    rated: list[str]
+    max_starts: list[int]
+    periods: list[float]
+
+
 # ---- waiting and progress -------------------------------------------------------------------
 
 
@@ -296,4 +319,9 @@ PARAMS: dict[str, type] = {
     "schedule_states": ScheduleNamesParams,
     "schedule_enqueue": ScheduleEnqueueParams,
     "schedules_list": NoParams,
+    "pause_type": PauseParams,
+    "resume_type": TypeParams,
+    "type_controls": NoParams,
+    "sync_rates": SyncRatesParams,
+    "rate_next_due": TypesParams,
 }

@@ -86,6 +86,24 @@ class CancelResult:
     worker_id: str | None
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class TypeControl:
+    """A paused or rate-limited type: when and why it was paused (None: not paused), its rate
+    (None: none) and the starts its window allows now."""
+
+    type: str
+    paused_at: datetime | None
+    paused_by: str | None
+    reason: str | None
+    max_starts: int | None
+    period: float | None
+    free_starts: int | None
+
+    @property
+    def paused(self) -> bool:
+        return self.paused_at is not None
+
+
 class OriginSummary(NamedTuple):
     """The jobs of one origin, per type and state (a tuple: callers unpack it)."""
 
@@ -213,6 +231,7 @@ JOB_STATE = NamedRow(JobStateRow, state=_state)
 CANCEL_RESULT = NamedRow(CancelResult, state=_state)
 SCHEDULE_STATE = NamedRow(ScheduleState)
 SCHEDULE_RECORD = NamedRow(ScheduleRecord)
+TYPE_CONTROL = NamedRow(TypeControl)
 
 DoneAndClaimed = tuple[list[JobId], list[Job]]
 
@@ -312,4 +331,5 @@ ROWS: dict[str, tuple[str, ...]] = {
     "schedule_declare": SCHEDULE_STATE.columns,
     "schedule_states": SCHEDULE_STATE.columns,
     "schedules_list": SCHEDULE_RECORD.columns,
+    "type_controls": TYPE_CONTROL.columns,
 }

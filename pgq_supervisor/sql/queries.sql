@@ -508,3 +508,62 @@ SELECT name, type, cron, every, timezone, priority, catch_up, created_at, declar
        last_tick, last_job_id, now() AS now
 FROM {schema}.schedule
 ORDER BY name
+
+-- name: pause_type
+-- Idempotent: pausing a paused type changes nothing and returns no row.
+INSERT INTO {schema}.type_pause (type, paused_by, reason)
+VALUES (%(type)s, %(paused_by)s, %(reason)s)
+ON CONFLICT (type) DO NOTHING
+RETURNING paused_at
+
+-- name: resume_type
+-- Idempotent: no row when the type was not paused. The notification wakes the workers of the
+-- type at once (it is sent when this commits).
+WITH done AS (
+    DELETE FROM {schema}.type_pause WHERE type = %(type)s RETURNING type
+)
+SELECT d.type, pg_notify('pgq_job_available', d.type) IS NULL AS notified FROM done d
+
+-- name: type_controls
+-- Every paused or rate-limited type: since when and why it is paused, its rate, and how many
+-- starts its window allows now.
+SELECT coalesce(p.type, r.type) AS type, p.paused_at, p.paused_by, p.reason,
+       r.max_starts, r.period, r.free AS free_starts
+FROM {schema}.type_pause p
+FULL JOIN (SELECT t.type, t.max_starts, t.period,
+                  ({schema}.rate_window(t.max_starts, t.period, t.buckets, t.counts)).free
+           FROM {schema}.type_rate t) r ON r.type = p.type
+ORDER BY 1
+
+-- name: sync_rates
+-- The rates of the served types as this supervisor's handlers declare them: rows of served
+-- types without a rate go, the others are written (the last supervisor started wins). A new
+-- period renumbers the buckets, so its counts start over.
+WITH wanted AS (
+    SELECT w.type, w.max_starts, w.period
+    FROM unnest(%(rated)s::text[], %(max_starts)s::int[], %(periods)s::float8[])
+         AS w(type, max_starts, period)
+),
+dropped AS (
+    DELETE FROM {schema}.type_rate t
+    WHERE t.type = ANY(%(served)s::text[]) AND t.type <> ALL(%(rated)s::text[])
+    RETURNING t.type
+)
+INSERT INTO {schema}.type_rate AS t (type, max_starts, period)
+SELECT w.type, w.max_starts, w.period FROM wanted w WHERE (SELECT count(*) FROM dropped) >= 0
+ORDER BY w.type
+ON CONFLICT (type) DO UPDATE
+SET max_starts = excluded.max_starts, period = excluded.period,
+    buckets = CASE WHEN t.period = excluded.period THEN t.buckets ELSE ARRAY[]::bigint[] END,
+    counts = CASE WHEN t.period = excluded.period THEN t.counts ELSE ARRAY[]::int[] END,
+    updated_at = now()
+WHERE (t.max_starts, t.period) IS DISTINCT FROM (excluded.max_starts, excluded.period)
+
+-- name: rate_next_due
+-- Seconds until a start frees up for the first of the served, unpaused rated types whose
+-- window is full now (NULL: none is). The supervisor wakes a child then; nothing notifies it.
+SELECT min(r.free_in)::float8
+FROM (SELECT t.type, (w).free, (w).free_in
+      FROM (SELECT t.type, {schema}.rate_window(t.max_starts, t.period, t.buckets, t.counts) AS w
+            FROM {schema}.type_rate t WHERE t.type = ANY(%(types)s::text[])) t) r
+WHERE r.free = 0 AND NOT EXISTS (SELECT 1 FROM {schema}.type_pause p WHERE p.type = r.type)

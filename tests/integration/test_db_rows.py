@@ -92,6 +92,7 @@ def _sample_params(conn: Conn) -> dict[str, dict[str, object]]:
     ids = [pgq.enqueue(conn, "t", {"n": i}, unique_key=f"u{i}", origin="o") for i in range(3)]
     bundle = db.insert_bundle(conn, SCHEMA, "t", 0, None, None)
     running = claim(conn, ["t"], limit=2)
+    pgq.pause(conn, "other", reason="sample")  # any paused type gives type_controls a row
     claim_args = {"worker_id": "w", "types": ["t"], "max_retry_counts": [3], "limit": 1}
     db.declare_schedules(conn, SCHEMA, [Schedule.make("s0", type="t", every=timedelta(seconds=5))])
     return {
@@ -142,6 +143,7 @@ def _sample_params(conn: Conn) -> dict[str, dict[str, object]]:
         },
         "schedule_states": {"names": ["s0"]},
         "schedules_list": {},
+        "type_controls": {},
     }
 
 

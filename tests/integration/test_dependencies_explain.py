@@ -18,10 +18,11 @@ WAITING = 10_000
 
 
 def _analyzed_pick(conn: Conn, types: list[str], limit: int) -> list[Plan]:
-    """claim_pick's query run under EXPLAIN ANALYZE, with its own settings (rolled back)."""
+    """claim_pick_rows's query (the row picking behind claim_pick's gates) under EXPLAIN
+    ANALYZE, with its own settings (rolled back)."""
     row = conn.execute(
         "SELECT p.prosrc, p.proconfig FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
-        " WHERE n.nspname = 'pgq' AND p.proname = 'claim_pick'"
+        " WHERE n.nspname = 'pgq' AND p.proname = 'claim_pick_rows'"
     ).fetchone()
     assert row is not None
     src, config = row

@@ -3,6 +3,7 @@ table of finished jobs behind them."""
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Iterator
 from typing import LiteralString
@@ -60,11 +61,12 @@ def _fill(conn: Conn) -> None:
 
 
 def _pick_plan(conn: Conn, types: list[str], limit: int) -> list[Plan]:
-    """The plan of claim_pick's query, planned as the function plans it: its own text from
-    pg_proc, under its own SET clauses (proconfig)."""
+    """The plan of claim_pick_rows's query (the rows claim_pick picks behind its gates),
+    planned as the function plans it: its own text from pg_proc, under its own SET clauses
+    (proconfig)."""
     row = conn.execute(
         "SELECT p.prosrc, p.proconfig FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
-        " WHERE n.nspname = 'pgq' AND p.proname = 'claim_pick'"
+        " WHERE n.nspname = 'pgq' AND p.proname = 'claim_pick_rows'"
     ).fetchone()
     assert row is not None
     src, config = row
@@ -180,3 +182,43 @@ def test_cancel_and_the_supervisors_cancel_check_find_jobs_by_primary_key(conn: 
         nodes = _plan(conn, name, params)
         assert {n["Index Name"] for n in nodes if "Index Name" in n} == {"job_pkey"}, nodes
         assert not [n for n in _job_scans(nodes) if n["Node Type"] == "Seq Scan"], nodes
+
+
+def test_the_pause_and_rate_gates_of_an_unlimited_claim_are_one_index_probe_each(
+    conn: Conn,
+) -> None:
+    """claim_pick asks two tiny tables about the served types before picking: with many other
+    types paused and rated, each question stays one probe of its primary key per claim (not
+    per job), and the rows are still picked by the ordered walk."""
+    _fill(conn)
+    conn.execute(
+        "INSERT INTO pgq.type_pause (type) SELECT 'p' || g FROM generate_series(1, 2000) g;"
+        "INSERT INTO pgq.type_rate (type, max_starts, period)"
+        " SELECT 'r' || g, 10, 1 FROM generate_series(1, 2000) g;"
+        "ANALYZE pgq.type_pause; ANALYZE pgq.type_rate"
+    )
+    row = conn.execute(
+        "SELECT p.prosrc FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
+        " WHERE n.nspname = 'pgq' AND p.proname = 'claim_pick'"
+    ).fetchone()
+    assert row is not None
+    probes = re.findall(
+        r"EXISTS \((SELECT 1 FROM (type_\w+) WHERE type = ANY\(p_types\))\)", row[0]
+    )
+    assert [table for _, table in probes] == ["type_pause", "type_rate"]
+    with conn.transaction():
+        conn.execute("SET LOCAL search_path = pgq")
+        for probe, table in probes:
+            text = probe.replace("p_types", "%(types)s::text[]")
+            plan = conn.execute(
+                sql.SQL("EXPLAIN (FORMAT JSON) {}").format(sql.SQL(text)),
+                {"types": ["a", "b"]},
+            ).fetchone()
+            assert plan is not None
+            nodes = list(_nodes(plan[0][0]["Plan"]))
+            assert {n.get("Index Name") for n in nodes} - {None} == {f"{table}_pkey"}, nodes
+            assert not [n for n in nodes if n["Node Type"] == "Seq Scan"], nodes
+    _assert_ordered_walk(_pick_plan(conn, ["a", "b"], 10))
+    # and the claim of an unpaused, unrated type takes jobs
+    row = conn.execute("SELECT cardinality(pgq.claim_pick(ARRAY['a'], 10))").fetchone()
+    assert row == (10,)

@@ -77,6 +77,20 @@ VERSION_COLUMNS = {
     "name": ("text", False),
     "applied_at": ("timestamp with time zone", False),
 }
+TYPE_PAUSE_COLUMNS = {
+    "type": ("text", False),
+    "paused_at": ("timestamp with time zone", False),
+    "paused_by": ("text", True),
+    "reason": ("text", True),
+}
+TYPE_RATE_COLUMNS = {
+    "type": ("text", False),
+    "max_starts": ("integer", False),
+    "period": ("double precision", False),
+    "buckets": ("ARRAY", False),
+    "counts": ("ARRAY", False),
+    "updated_at": ("timestamp with time zone", False),
+}
 INDEXES = {
     "job_pkey": "CREATE UNIQUE INDEX job_pkey ON {s}.job USING btree (id)",
     "job_bundle_pkey": "CREATE UNIQUE INDEX job_bundle_pkey ON {s}.job_bundle USING btree (id)",
@@ -108,6 +122,8 @@ INDEXES = {
     "job_dependency_depends_on_idx": (
         "CREATE INDEX job_dependency_depends_on_idx ON {s}.job_dependency USING btree (depends_on)"
     ),
+    "type_pause_pkey": "CREATE UNIQUE INDEX type_pause_pkey ON {s}.type_pause USING btree (type)",
+    "type_rate_pkey": "CREATE UNIQUE INDEX type_rate_pkey ON {s}.type_rate USING btree (type)",
     "job_finished_idx": (
         "CREATE INDEX job_finished_idx ON {s}.job USING btree (state, stopped_at)"
         " WHERE (stopped_at IS NOT NULL)"
@@ -173,6 +189,14 @@ CHECKS = {
     ),
     ("schedule", "schedule_catch_up_check"): "CHECK ((catch_up >= 0))",
     ("schedule", "schedule_cron_or_every"): "CHECK (((cron IS NULL) <> (every IS NULL)))",
+    ("type_pause", "type_pause_type_check"): (
+        "CHECK (((char_length(type) >= 1) AND (char_length(type) <= 100)))"
+    ),
+    ("type_rate", "type_rate_type_check"): (
+        "CHECK (((char_length(type) >= 1) AND (char_length(type) <= 100)))"
+    ),
+    ("type_rate", "type_rate_max_starts_check"): "CHECK ((max_starts > 0))",
+    ("type_rate", "type_rate_period_check"): "CHECK ((period > (0)::double precision))",
 }
 TRIGGERS = {
     "job_notify_inserted": (
@@ -218,6 +242,10 @@ FUNCTIONS = {
     "dependency_doom",
     "dependency_release",
     "dependency_notify",
+    "claim_pick_rows",
+    "claim_pick_rated",
+    "rate_bucket",
+    "rate_window",
 }
 
 
@@ -245,9 +273,13 @@ def assert_declared_schema(conn: Conn, s: str) -> None:
         "job_dependency",
         "schedule",
         "schema_version",
+        "type_pause",
+        "type_rate",
     ]
     assert _columns(conn, s, "job") == JOB_COLUMNS
     assert _columns(conn, s, "job_dependency") == DEPENDENCY_COLUMNS
+    assert _columns(conn, s, "type_pause") == TYPE_PAUSE_COLUMNS
+    assert _columns(conn, s, "type_rate") == TYPE_RATE_COLUMNS
     assert _columns(conn, s, "job_bundle") == BUNDLE_COLUMNS
     assert _columns(conn, s, "schedule") == SCHEDULE_COLUMNS
     assert _columns(conn, s, "schema_version") == VERSION_COLUMNS

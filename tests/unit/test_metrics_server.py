@@ -6,9 +6,11 @@ from __future__ import annotations
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from datetime import UTC, datetime
 
 import pytest
 
+from pgq_supervisor.db.rows import TypeControl
 from pgq_supervisor.jobs import JobState, TypeStats
 from pgq_supervisor.metrics import Metrics, MetricsServer
 from tests.acceptance.scrape import metric, scrape
@@ -110,3 +112,32 @@ def test_an_ipv6_bind_address_works(metrics: Metrics, health: Health) -> None:
         assert status("[::1]", server.port, "/healthz") == 200
     finally:
         server.stop()
+
+
+def test_paused_and_held_back_gauges(server: MetricsServer, metrics: Metrics) -> None:
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    stats = [
+        TypeStats("p", JobState.PENDING, 7, 4, 1.0),
+        TypeStats("r", JobState.PENDING, 9, 9, 1.0),
+        TypeStats("free", JobState.PENDING, 2, 2, 1.0),
+    ]
+    metrics.update_controls(
+        [
+            TypeControl("p", at, "ops", "deploy", None, None, None),
+            TypeControl("r", None, None, None, 20, 1.0, 3),
+        ],
+        stats,
+    )
+    s = scrape(server.port)
+    assert metric(s, "pgq_type_paused", type="p") == 1
+    assert metric(s, "pgq_type_paused", type="r") == 0
+    assert metric(s, "pgq_jobs_held_back", type="p", reason="paused") == 4  # the ready ones
+    assert metric(s, "pgq_jobs_held_back", type="r", reason="rate") == 9 - 3
+    assert metric(s, "pgq_jobs_held_back", type="r", reason="paused") == 0
+
+    # resumed and no longer rated: back to 0, not a stale value
+    metrics.update_controls([], stats)
+    s = scrape(server.port)
+    assert metric(s, "pgq_type_paused", type="p") == 0
+    assert metric(s, "pgq_jobs_held_back", type="p", reason="paused") == 0
+    assert metric(s, "pgq_jobs_held_back", type="r", reason="rate") == 0

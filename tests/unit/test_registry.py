@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import uuid
+from datetime import timedelta
 
 import pydantic
 import pytest
@@ -16,6 +17,7 @@ from pgq_supervisor.registry import (
     UNHANDLED,
     ClaimPolicy,
     Handler,
+    Rate,
     RetryPolicy,
 )
 
@@ -72,6 +74,31 @@ def test_bad_handler_options_are_config_errors(options: dict[str, float], match:
     registry = pgq.Registry()
     with pytest.raises(ConfigError, match=match):
         registry.handler("t", **options)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "rate",
+    [(20, 0), (20, 0.0), (20, timedelta(0)), (0, 1), (-5, 1), (20, -1), (1.5, 1), (True, 1),
+     ("20", 1), (20, "1s"), (20, float("nan")), (20, float("inf")), (20,), 20, (1, 2, 3)],
+)  # fmt: skip
+def test_an_invalid_rate_is_one_config_error_at_registration(rate: object) -> None:
+    registry = pgq.Registry()
+    with pytest.raises(ConfigError, match=r"handler 't': rate must be \(max_starts, period\)"):
+        registry.handler("t", rate=rate)  # type: ignore[arg-type]
+    assert registry.handlers == {}
+
+
+def test_a_rate_takes_seconds_or_a_timedelta() -> None:
+    registry = pgq.Registry()
+    registry.handler("a", rate=(20, 1))(lambda payload: None)
+    registry.handler("b", rate=(5, timedelta(minutes=2)))(lambda payload: None)
+    registry.handler("c", rate=[3, 0.5])(lambda payload: None)  # type: ignore[arg-type]
+    registry.handler("d")(lambda payload: None)
+    assert registry.rates(["a", "b", "c", "d", "unknown"]) == {
+        "a": Rate(20, 1.0),
+        "b": Rate(5, 120.0),
+        "c": Rate(3, 0.5),
+    }
 
 
 def test_a_type_cannot_have_two_handlers() -> None:

@@ -129,3 +129,14 @@ def test_the_listener_backs_off_between_attempts() -> None:
     clock.now = listener.backoff.retry_at
     assert listener.connect() is False and listener.backoff.failures == 2
     assert not listener.connected
+
+
+def test_run_soon_brings_a_timer_forward_never_back() -> None:
+    ran: list[tuple[str, float]] = []
+    timers = Timers([recorder(ran, "a")], random.Random(1))
+    timers.by_name["a"].next_at = 50.0
+    timers.run_soon("a", 20.0)
+    timers.run_soon("a", 30.0)  # later than now due: no change
+    timers.run_soon("missing", 0.0)  # a timer this supervisor does not have: nothing
+    assert timers.run_due(19.0) == []
+    assert timers.run_due(20.0) == ["a"]

@@ -35,6 +35,12 @@ def noop(payload: dict[str, int]) -> None:
     return None
 
 
+@registry.handler("rated", rate=(20, 1.0))
+def rated(payload: dict[str, int]) -> None:
+    """At most 20 starts a second, across every supervisor."""
+    return None
+
+
 @registry.handler("record", retry=NO_BACKOFF)
 def record(payload: dict[str, int], job: pgq.Job, conn: Conn) -> dict[str, int]:
     """Writes one effect row in the same transaction as the job's completion."""

@@ -1,0 +1,60 @@
+"""Pauses and rates of job types: what the claim (schema/0007) reads to hold jobs back."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+
+from psycopg.rows import scalar_row
+
+from pgq_supervisor.db import rows
+from pgq_supervisor.db.connection import Conn, statement, wrapped
+from pgq_supervisor.db.params import PauseParams, SyncRatesParams, TypeParams, TypesParams
+
+
+def pause(
+    conn: Conn, schema: str, type_: str, *, paused_by: str | None, reason: str | None
+) -> datetime | None:
+    """Pause `type_`; returns when, or None if it was paused already (then nothing changes)."""
+    params: PauseParams = {"type": type_, "paused_by": paused_by, "reason": reason}
+    with wrapped(), conn.cursor(row_factory=scalar_row) as cur:
+        paused_at: datetime | None = cur.execute(statement("pause_type", schema), params).fetchone()
+    return paused_at
+
+
+def resume(conn: Conn, schema: str, type_: str) -> bool:
+    """Resume `type_` and wake its workers (on commit); False if it was not paused."""
+    params: TypeParams = {"type": type_}
+    with wrapped():
+        return conn.execute(statement("resume_type", schema), params).fetchone() is not None
+
+
+def type_controls(conn: Conn, schema: str) -> list[rows.TypeControl]:
+    """Every paused or rate-limited type, by name."""
+    with wrapped(), conn.cursor(row_factory=rows.TYPE_CONTROL) as cur:
+        return cur.execute(statement("type_controls", schema)).fetchall()
+
+
+def sync_rates(
+    conn: Conn, schema: str, served: Sequence[str], rates: Mapping[str, tuple[int, float]]
+) -> None:
+    """Store the rates (type -> (max starts, period in seconds)) of the `served` types; a
+    served type without one loses the rate it had."""
+    rated = sorted(rates)
+    params: SyncRatesParams = {
+        "served": list(served),
+        "rated": rated,
+        "max_starts": [rates[t][0] for t in rated],
+        "periods": [rates[t][1] for t in rated],
+    }
+    with wrapped():
+        conn.execute(statement("sync_rates", schema), params)
+
+
+def rate_next_due(conn: Conn, schema: str, types: Sequence[str]) -> float | None:
+    """Seconds until a start frees up for a rated type of `types` whose window is full now
+    (None: no such type)."""
+    params: TypesParams = {"types": list(types)}
+    with wrapped(), conn.cursor(row_factory=scalar_row) as cur:
+        seconds: float | None = cur.execute(statement("rate_next_due", schema), params).fetchone()
+    return None if seconds is None else float(seconds)
