@@ -12,32 +12,13 @@ import pgq_supervisor as pgq
 from pgq_supervisor import sql as queries
 from pgq_supervisor.db import Conn
 
-from .test_explain import Plan, _job_scans, _nodes
+from .test_explain import Plan, _job_scans, _nodes, _pick_plan
 
 WAITING = 10_000
 
 
 def _analyzed_pick(conn: Conn, types: list[str], limit: int) -> list[Plan]:
-    """claim_pick_rows's query (the row picking behind claim_pick's gates) under EXPLAIN
-    ANALYZE, with its own settings (rolled back)."""
-    row = conn.execute(
-        "SELECT p.prosrc, p.proconfig FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
-        " WHERE n.nspname = 'pgq' AND p.proname = 'claim_pick_rows'"
-    ).fetchone()
-    assert row is not None
-    src, config = row
-    inner = src[src.index("SELECT") : src.rindex(")")]
-    text = inner.replace("p_types", "%(types)s::text[]").replace("p_limit", "%(limit)s::int")
-    with conn.transaction(force_rollback=True):
-        for item in config:
-            name, value = item.split("=", 1)
-            conn.execute("SELECT set_config(%s, %s, true)", (name, value))
-        row = conn.execute(
-            sql.SQL("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {}").format(sql.SQL(text)),
-            {"types": types, "limit": limit},
-        ).fetchone()
-    assert row is not None
-    return list(_nodes(row[0][0]["Plan"]))
+    return _pick_plan(conn, types, limit, analyze="ANALYZE, BUFFERS, ")
 
 
 def _scan(conn: Conn) -> Plan:

@@ -60,10 +60,12 @@ def _fill(conn: Conn) -> None:
     assert row == (1000, 101_000)
 
 
-def _pick_plan(conn: Conn, types: list[str], limit: int) -> list[Plan]:
+def _pick_plan(
+    conn: Conn, types: list[str], limit: int, *, analyze: LiteralString = ""
+) -> list[Plan]:
     """The plan of claim_pick_rows's query (the rows claim_pick picks behind its gates),
     planned as the function plans it: its own text from pg_proc, under its own SET clauses
-    (proconfig)."""
+    (proconfig). `analyze` ("ANALYZE, BUFFERS, ") runs it too, rolled back."""
     row = conn.execute(
         "SELECT p.prosrc, p.proconfig FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
         " WHERE n.nspname = 'pgq' AND p.proname = 'claim_pick_rows'"
@@ -72,12 +74,12 @@ def _pick_plan(conn: Conn, types: list[str], limit: int) -> list[Plan]:
     src, config = row
     inner = src[src.index("SELECT") : src.rindex(")")]
     text = inner.replace("p_types", "%(types)s::text[]").replace("p_limit", "%(limit)s::int")
-    with conn.transaction():
+    with conn.transaction(force_rollback=True):
         for item in config:
             name, value = item.split("=", 1)
             conn.execute("SELECT set_config(%s, %s, true)", (name, value))
         row = conn.execute(
-            sql.SQL("EXPLAIN (FORMAT JSON) {}").format(sql.SQL(text)),
+            sql.SQL("EXPLAIN (" + analyze + "FORMAT JSON) {}").format(sql.SQL(text)),
             {"types": types, "limit": limit},
         ).fetchone()
     assert row is not None
