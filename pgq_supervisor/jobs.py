@@ -14,7 +14,6 @@ from uuid import UUID
 JobId = NewType("JobId", UUID)
 BundleId = NewType("BundleId", UUID)
 LeaseToken = NewType("LeaseToken", UUID)
-WorkerId = NewType("WorkerId", str)
 
 JsonValue = None | bool | int | float | str | list["JsonValue"] | dict[str, "JsonValue"]
 JsonObject = dict[str, JsonValue]
@@ -91,15 +90,6 @@ class NewJob:
     timeout: float | None = None
     depends_on: Sequence[JobId] = ()
     on_dependency_failure: DependencyFailure = "cancel"
-
-
-@dataclass(frozen=True, slots=True)
-class Attempt:
-    attempt: int
-    kind: str
-    error: str
-    worker: str | None
-    at: str
 
 
 @dataclass(frozen=True, slots=True)
