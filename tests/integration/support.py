@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -126,3 +127,12 @@ def in_threads(n: int, target: Callable[[int], T]) -> list[T]:
     with ThreadPoolExecutor(max_workers=n) as pool:
         futures = [pool.submit(target, i) for i in range(n)]
         return [f.result(timeout=DEADLINE) for f in futures]
+
+
+def until(check: Callable[[], object], what: str = "condition") -> None:
+    """Poll `check` until it is truthy; fail the test after DEADLINE seconds."""
+    deadline = time.monotonic() + DEADLINE
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {DEADLINE:g} s waiting for {what}")
+        time.sleep(0.01)  # polling a condition with a deadline

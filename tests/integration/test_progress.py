@@ -16,7 +16,7 @@ from pgq_supervisor.executor import Executor
 from pgq_supervisor.heartbeat import Heartbeat
 from pgq_supervisor.jobs import JobState
 
-from .support import DEADLINE, SCHEMA, claim_one, get, listening
+from .support import DEADLINE, SCHEMA, claim_one, get, listening, until
 
 COUNT_WRITES = """
 CREATE TABLE progress_writes (job_id uuid, progress jsonb);
@@ -34,14 +34,6 @@ def _writes(conn: Conn) -> int:
     row = conn.execute("SELECT count(*) FROM progress_writes").fetchone()
     assert row is not None
     return int(row[0])
-
-
-def _until(check: object) -> None:
-    assert callable(check)
-    deadline = time.monotonic() + DEADLINE
-    while not check():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.01)
 
 
 def test_a_write_lands_only_under_the_jobs_lease_and_is_notified(conn: Conn, dsn: str) -> None:
@@ -112,7 +104,7 @@ def test_the_writer_thread_throttles_and_writes_the_last_value(conn: Conn, dsn: 
             hb.progress.put(job, db.dump_json({"i": i + 1}))
             time.sleep(0.002)  # a handler reporting from a tight loop, ~1 s of it
         elapsed = time.monotonic() - started
-        _until(lambda: get(conn, job_id).progress == {"i": reports})
+        until(lambda: get(conn, job_id).progress == {"i": reports})
     finally:
         hb.stop()
     writes = _writes(conn)
@@ -138,7 +130,7 @@ def test_a_handler_reports_through_the_executor_while_it_runs(conn: Conn, dsn: s
     runner = threading.Thread(target=executor.run, args=(job,), daemon=True)
     try:
         runner.start()
-        _until(lambda: get(conn, job_id).progress == 0.5)
+        until(lambda: get(conn, job_id).progress == 0.5)
         assert get(conn, job_id).state is JobState.RUNNING
     finally:
         go_on.set()

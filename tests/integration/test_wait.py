@@ -18,7 +18,7 @@ from pgq_supervisor import db, testing, waiting
 from pgq_supervisor.db import Conn
 from pgq_supervisor.jobs import AttemptKind, JobId, JobRecord, JobState
 
-from .support import DEADLINE, SCHEMA, age_heartbeat, claim, claim_one, in_threads
+from .support import DEADLINE, SCHEMA, age_heartbeat, claim, claim_one, in_threads, until
 
 WAITER_APP = "pgq-test-waiter"
 StartWaiter = Callable[[list[JobId]], "Background"]
@@ -48,13 +48,6 @@ def _waiters_asleep(conn: Conn, n: int = 1) -> bool:
         (WAITER_APP,),
     ).fetchone()
     return row is not None and row[0] >= n
-
-
-def _until(check: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + DEADLINE
-    while not check():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.01)
 
 
 class Background:
@@ -89,7 +82,7 @@ def waiting_on(dsn: str, conn: Conn) -> Iterator[Callable[[list[JobId]], Backgro
     def start(ids: list[JobId]) -> Background:
         bg = Background(dsn, lambda c: pgq.wait_many(c, ids, timeout=DEADLINE))
         started.append(bg)
-        _until(lambda: _waiters_asleep(conn) or not bg.thread.is_alive())
+        until(lambda: _waiters_asleep(conn) or not bg.thread.is_alive())
         return bg
 
     yield start
@@ -185,7 +178,7 @@ def test_a_hundred_jobs_and_waiters_all_return(dsn: str, conn: Conn) -> None:
 
     waiters = [waiter(g) for g in groups]
     whole = Background(dsn, lambda c: pgq.wait_many(c, ids, timeout=DEADLINE))
-    _until(lambda: _waiters_asleep(conn, 11))
+    until(lambda: _waiters_asleep(conn, 11))
     testing.drain(conn, _registry())
     for group, bg in zip(groups, waiters, strict=True):
         assert [r.id for r in _records(bg)] == group
@@ -201,7 +194,7 @@ def test_one_thread_per_job_each_waiting(dsn: str, conn: Conn) -> None:
 
     def complete() -> None:
         with psycopg.connect(dsn, autocommit=True) as other:
-            _until(lambda: _waiters_asleep(other, 20))
+            until(lambda: _waiters_asleep(other, 20))
             testing.drain(other, _registry())
         done.set()
 
@@ -225,9 +218,9 @@ def test_on_progress_follows_the_job(conn: Conn, dsn: str) -> None:
         return pgq.wait(c, job_id, timeout=DEADLINE, on_progress=lambda r: seen.append(r.progress))
 
     bg = Background(dsn, follow)
-    _until(lambda: _waiters_asleep(conn))
+    until(lambda: _waiters_asleep(conn))
     assert db.set_progress(conn, SCHEMA, [(job_id, job.lease, "0.5")]) == {job_id}
-    _until(lambda: seen == [0.5])
+    until(lambda: seen == [0.5])
     db.succeed(conn, SCHEMA, job.lease, [(job_id, None)])
     record = bg.result()
     assert isinstance(record, JobRecord) and record.progress == 0.5
@@ -238,7 +231,7 @@ def test_wait_async(dsn: str, conn: Conn) -> None:
 
     def complete_when_waited_on() -> None:
         with psycopg.connect(dsn, autocommit=True) as other:
-            _until(lambda: _waiters_asleep(other))
+            until(lambda: _waiters_asleep(other))
             testing.drain(other, _registry())
 
     async def scenario() -> JobRecord:
@@ -321,7 +314,7 @@ def test_a_lost_notification_is_made_up_by_the_safety_reread(
     monkeypatch.setattr(waiting, "SAFETY_RECHECK", 0.2)
     job_id = pgq.enqueue(conn, "t")
     bg = Background(dsn, lambda c: pgq.wait(c, job_id, timeout=DEADLINE))
-    _until(lambda: _waiters_asleep(conn))
+    until(lambda: _waiters_asleep(conn))
     # ended behind the queue's back: no notification is sent
     conn.execute(
         "UPDATE pgq.job SET state = 'cancelled', stopped_at = now() WHERE id = %s", (job_id,)

@@ -25,7 +25,7 @@ from pgq_supervisor.backoff import Backoff
 from pgq_supervisor.db import Conn
 from pgq_supervisor.ipc import Idle, JobSlot, Ready, Stop, Wake
 from pgq_supervisor.worker import ChildSpec, Worker, connect_retrying
-from tests.integration.support import DEADLINE, count_rows
+from tests.integration.support import DEADLINE, count_rows, until
 
 registry = pgq.Registry()
 
@@ -50,14 +50,6 @@ def _spec(dsn: str) -> ChildSpec:
         log_level="info",
         log_format="text",
     )
-
-
-def _wait_for(what: str, condition: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + DEADLINE
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 def _expect(pipe: Connection, kind: type) -> None:
@@ -120,10 +112,10 @@ def test_worker_reconnects_after_an_outage_and_runs_every_job_once(
         gate(False)
         pgq.enqueue_many(conn, [pgq.NewJob("t", {"n": n}) for n in range(50)])
         pipe.send(Wake(time.monotonic()))
-        _wait_for("a failed reconnect", lambda: _logged(caplog, "cannot connect, next try in"))
+        until(lambda: _logged(caplog, "cannot connect, next try in"), "a failed reconnect")
         assert count_rows(conn, where="state = 'pending'") == 50
         gate(True)
-        _wait_for("every job done", lambda: count_rows(conn, where="state = 'succeeded'") == 50)
+        until(lambda: count_rows(conn, where="state = 'succeeded'") == 50, "every job done")
         assert _logged(caplog, "reconnected")
         assert count_rows(conn, where="attempts <> '[]'") == 0  # each ran once
 
@@ -136,7 +128,7 @@ def test_stop_wakes_a_worker_from_its_reconnect_backoff(
     with _worker(dsn, connect_backoff=long_wait) as (pipe, thread):
         gate(False)
         pipe.send(Wake(time.monotonic()))
-        _wait_for("a failed reconnect", lambda: _logged(caplog, "next try in"))
+        until(lambda: _logged(caplog, "next try in"), "a failed reconnect")
         stopped_at = time.monotonic()
         pipe.send(Stop())
         thread.join(DEADLINE)
