@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Callable, Iterator
 
 import psycopg
@@ -15,7 +14,7 @@ import pgq_supervisor as pgq
 from pgq_supervisor import db, testing
 from pgq_supervisor.db import Conn
 from pgq_supervisor.jobs import AttemptKind, JobId, OutcomeKind
-from tests.integration.support import DEADLINE, claim_one, count_rows, get, listening
+from tests.integration.support import DEADLINE, claim_one, count_rows, get, listening, until
 
 S = "pgq"
 
@@ -89,17 +88,16 @@ def test_cancelled_among_finds_only_cancelled_jobs(conn: Conn) -> None:
 
 def _waiting_on_a_lock(conn: Conn, application_name: str) -> None:
     """Returns once the session named `application_name` waits on a lock."""
-    end = time.monotonic() + DEADLINE
-    while time.monotonic() < end:
+
+    def waiting() -> bool:
         row = conn.execute(
             "SELECT count(*) FROM pg_stat_activity"
             " WHERE application_name = %s AND wait_event_type = 'Lock'",
             (application_name,),
         ).fetchone()
-        if row is not None and row[0] > 0:
-            return
-        time.sleep(0.005)
-    raise AssertionError(f"{application_name} never waited on a lock")
+        return row is not None and row[0] > 0
+
+    until(waiting, f"{application_name} to wait on a lock")
 
 
 def _in_thread(dsn: str, name: str, use: Callable[[Conn], object]) -> Callable[[], object]:

@@ -256,7 +256,7 @@ def test_producer_enqueue_and_wait(dsn: str, conn: Conn) -> None:
         with psycopg.connect(dsn, autocommit=True) as other:
             while not stop.is_set():
                 if not testing.drain(other, _registry()).outcomes:
-                    time.sleep(0.01)
+                    time.sleep(0.01)  # an idle worker between claims, until told to stop
 
     threading.Thread(target=worker, daemon=True).start()
     try:

@@ -53,7 +53,7 @@ def sleep(payload: dict[str, float], job: pgq.Job, conn: Conn) -> dict[str, int]
     """Sleeps `seconds` (a stand-in for slow I/O), then records its effect."""
     started = time.monotonic()
     while time.monotonic() - started < payload.get("seconds", 1.0):
-        time.sleep(0.01)
+        time.sleep(0.01)  # the handler's simulated work
     _effect(conn, job)
     return {"pid": os.getpid()}
 
@@ -64,7 +64,7 @@ def sleep_first(payload: dict[str, float], job: pgq.Job, conn: Conn) -> None:
     seconds = payload.get("seconds", 60.0) if job.attempt == 1 else 0.0
     started = time.monotonic()
     while time.monotonic() - started < seconds:
-        time.sleep(0.01)
+        time.sleep(0.01)  # the handler's simulated work
     _effect(conn, job)
 
 
@@ -112,7 +112,7 @@ def steps(payload: dict[str, int], job: pgq.Job, conn: Conn) -> dict[str, int]:
         ).fetchone():
             if time.monotonic() > deadline:
                 raise TimeoutError(f"gate {step} never opened")
-            time.sleep(0.01)
+            time.sleep(0.01)  # polling the gate, with a deadline
     _effect(conn, job)
     return {"steps": n}
 
