@@ -18,7 +18,14 @@ from datetime import datetime
 from typing import TypeVar
 
 from pgq_supervisor import admin_schedules, db
-from pgq_supervisor.admin_control import cmd_pause, cmd_resume, paused_json, paused_lines
+from pgq_supervisor.admin_control import (
+    cmd_pause,
+    cmd_resume,
+    limits_json,
+    limits_lines,
+    paused_json,
+    paused_lines,
+)
 from pgq_supervisor.admin_show import cmd_show, progress_cell
 from pgq_supervisor.connect import open_db
 from pgq_supervisor.errors import InvalidInput, InvalidTransition
@@ -137,6 +144,7 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     with conn:
         stats = db.queue_stats(conn, settings.db_schema)
         controls = db.type_controls(conn, settings.db_schema)
+        limits = db.type_limits(conn, settings.db_schema)
     rows = _status_rows(stats)
     total = _StatusRow("TOTAL")
     for r in rows:
@@ -147,18 +155,20 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
                 "types": [r.to_json() for r in rows],
                 "total": {k: v for k, v in total.to_json().items() if k != "type"},
                 "paused": paused_json(controls),
+                "limits": limits_json(limits),
             }
         )
         return 0
     if not rows:
-        print("\n".join(["no jobs", *paused_lines(controls)]))
+        print("\n".join(["no jobs", *paused_lines(controls), *limits_lines(limits)]))
         return 0
     headers = ["TYPE", "READY", "DELAYED", "WAITING", "RUNNING"]
     headers += [s.value.upper() for s in FINISHED]
     body = [r.cells() for r in rows]
     if len(rows) > 1:
         body.append(total.cells())
-    print("\n".join([_table([*headers, "OLDEST READY"], body, left=1), *paused_lines(controls)]))
+    table = _table([*headers, "OLDEST READY"], body, left=1)
+    print("\n".join([table, *paused_lines(controls), *limits_lines(limits)]))
     return 0
 
 

@@ -84,6 +84,39 @@ def paused_lines(controls: Sequence[db.TypeControl]) -> list[str]:
     ]
 
 
+def limits_json(limits: Sequence[db.TypeLimit]) -> list[JsonValue]:
+    return [
+        {
+            "type": lim.type,
+            "global_concurrency": lim.global_concurrency,
+            "key_concurrency": lim.key_concurrency,
+            "running": lim.running,
+            "held_back": {
+                "global_concurrency": lim.held_by_global,
+                "key_concurrency": lim.key_held,
+            },
+        }
+        for lim in limits
+    ]
+
+
+def limits_lines(limits: Sequence[db.TypeLimit]) -> list[str]:
+    """One line per type with a concurrency limit, for `status`."""
+    out = []
+    for lim in limits:
+        parts = []
+        if lim.global_concurrency is not None:
+            parts.append(f"global_concurrency={lim.global_concurrency}")
+        if lim.key_concurrency is not None:
+            parts.append(f"key_concurrency={lim.key_concurrency}")
+        held = lim.held_by_global + lim.key_held
+        out.append(
+            f"limited: {lim.type} {' '.join(parts)}, {lim.running} running"
+            + (f", {held} held back" if held else "")
+        )
+    return out
+
+
 def _control_of(controls: Sequence[db.TypeControl], type_: str) -> db.TypeControl | None:
     return next((c for c in controls if c.type == type_), None)
 

@@ -86,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     enq.add_argument("--priority", type=int, default=0)
     enq.add_argument("--start-in", help="delay, e.g. 30s, 5m, 2h, 1d")
     enq.add_argument("--unique-key")
+    enq.add_argument("--concurrency-key")
     enq.add_argument("--max-retry-count", type=int)
     enq.set_defaults(handler=cmd_enqueue)
 
@@ -147,7 +148,7 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
         raise ConfigError(f"invalid setting types: no handler for {', '.join(unknown)}")
     dsn, conn = open_db(settings)
     with conn:
-        # before any child claims: the rates are enforced from the rows written here
+        # before any child claims: rates and limits are enforced from the rows written here
         served = settings.types or registry.types
         rates = registry.rates(served)
         db.sync_rates(
@@ -155,6 +156,13 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
             settings.db_schema,
             served,
             {t: (r.max_starts, r.period) for t, r in rates.items()},
+        )
+        limits = registry.limits(served)
+        db.sync_limits(
+            conn,
+            settings.db_schema,
+            served,
+            {t: (lim.global_, lim.per_key) for t, lim in limits.items()},
         )
     metrics = Metrics()
     sup = Supervisor(settings, registry, dsn, metrics=metrics)
@@ -208,6 +216,7 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
             priority=args.priority,
             start_at=start_at,
             unique_key=args.unique_key,
+            concurrency_key=args.concurrency_key,
             max_retry_count=args.max_retry_count,
             origin="cli",
         )

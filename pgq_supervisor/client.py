@@ -42,6 +42,7 @@ class EnqueueOptions(TypedDict, total=False):
     timeout: float | None
     depends_on: Sequence[JobId]
     on_dependency_failure: DependencyFailure
+    concurrency_key: str | None
 
 
 def _schema(schema: str | None) -> str:
@@ -59,6 +60,7 @@ def _new_job(
     timeout: float | None,
     depends_on: Sequence[JobId],
     on_dependency_failure: DependencyFailure,
+    concurrency_key: str | None,
 ) -> NewJob:
     return NewJob(
         type=type_,
@@ -71,6 +73,7 @@ def _new_job(
         timeout=timeout,
         depends_on=depends_on,
         on_dependency_failure=on_dependency_failure,
+        concurrency_key=concurrency_key,
     )
 
 
@@ -87,6 +90,7 @@ def enqueue(
     timeout: float | None = None,
     depends_on: Sequence[JobId] = (),
     on_dependency_failure: DependencyFailure = "cancel",
+    concurrency_key: str | None = None,
     schema: str | None = None,
 ) -> JobId:
     """Insert one job in the caller's transaction and return its id.
@@ -99,10 +103,13 @@ def enqueue(
     if one fails or is cancelled, this job is cancelled ("dependency <id> failed"), or runs
     anyway with `on_dependency_failure="run"`. The ids must exist (committed, or enqueued
     earlier in this transaction): an unknown one raises InvalidInput naming it.
+
+    `concurrency_key`: with a handler declaring `key_concurrency=N`, at most N jobs of the
+    type with this key run at once, in claim order (other handlers ignore it).
     """
     job = _new_job(
         type, payload, priority, start_at, max_retry_count, unique_key, origin, timeout,
-        depends_on, on_dependency_failure,
+        depends_on, on_dependency_failure, concurrency_key,
     )  # fmt: skip
     return db.enqueue(conn, _schema(schema), job)
 
@@ -120,12 +127,13 @@ async def enqueue_async(
     timeout: float | None = None,
     depends_on: Sequence[JobId] = (),
     on_dependency_failure: DependencyFailure = "cancel",
+    concurrency_key: str | None = None,
     schema: str | None = None,
 ) -> JobId:
     """`enqueue` for a psycopg.AsyncConnection."""
     job = _new_job(
         type, payload, priority, start_at, max_retry_count, unique_key, origin, timeout,
-        depends_on, on_dependency_failure,
+        depends_on, on_dependency_failure, concurrency_key,
     )  # fmt: skip
     return await db.enqueue_async(conn, _schema(schema), job)
 

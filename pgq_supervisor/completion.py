@@ -120,6 +120,7 @@ class Completer:
                 limit=limit,
             )
         else:
+            limited = policy.limited and any(r.job.type in policy.limited for r in self._successes)
             held, jobs = db.succeed_and_claim(
                 conn,
                 self.schema,
@@ -131,6 +132,18 @@ class Completer:
                 limit=limit,
             )
             self._settle_buffered(lease, held)
+            if not jobs and limited:
+                # The claim counted the jobs it completed as running (a concurrency limit
+                # counts under its own snapshot, before the completion's update): the slots
+                # they free are seen now, and would otherwise wait for a wake-up or the poll.
+                jobs = db.claim(
+                    conn,
+                    self.schema,
+                    worker_id=self.worker_id,
+                    types=policy.types,
+                    max_retry_counts=policy.max_retry_counts,
+                    limit=limit,
+                )
         self._written_at = self.clock()
         if jobs and self.heartbeat is not None:
             self.heartbeat.hold(jobs[0].lease, [j.id for j in jobs])  # one claim, one lease

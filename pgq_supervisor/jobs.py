@@ -78,6 +78,9 @@ class NewJob:
     `depends_on`: ids of existing jobs (committed, or enqueued earlier in the same
     transaction) that must succeed before this one can be claimed. If one fails or is
     cancelled, this job is cancelled too, or, with `on_dependency_failure="run"`, runs anyway.
+
+    `concurrency_key`: with a handler declaring `key_concurrency=N`, at most N jobs of the
+    type with this key run at once, started in claim order (ignored by other handlers).
     """
 
     type: str
@@ -90,6 +93,7 @@ class NewJob:
     timeout: float | None = None
     depends_on: Sequence[JobId] = ()
     on_dependency_failure: DependencyFailure = "cancel"
+    concurrency_key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +127,7 @@ class JobRecord:
     on_dependency_failure: DependencyFailure | None = None
     # some job depends on this one (its terminal transitions release or cancel them)
     has_dependents: bool = False
+    concurrency_key: str | None = None
 
     @property
     def attempt(self) -> int:

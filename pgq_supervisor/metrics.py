@@ -73,13 +73,15 @@ class Metrics:
         )
         self.held_back = Gauge(
             "pgq_jobs_held_back",
-            "Ready jobs not claimable now: the type is paused, or beyond its rate limit's free"
-            " starts",
+            "Ready jobs not claimable now: the type is paused (reason=paused), beyond its rate"
+            " limit's free starts (rate), its global concurrency limit (global_concurrency) or"
+            " its concurrency key's limit (key_concurrency)",
             ["type", "reason"],
             registry=r,
         )
         self._known_types: set[str] = set()
         self._controlled: set[str] = set()
+        self._limited: set[str] = set()
 
     def record(
         self, outcomes: Sequence[tuple[str, str, float]], latencies: Sequence[float]
@@ -134,6 +136,16 @@ class Metrics:
             self.held_back.labels(t, "rate").set(held_by_rate.get(t, 0))
         self._controlled |= {c.type for c in controls}
 
+    def update_limits(self, limits: Sequence[db.TypeLimit]) -> None:
+        for lim in limits:
+            self.held_back.labels(lim.type, "global_concurrency").set(lim.held_by_global)
+            self.held_back.labels(lim.type, "key_concurrency").set(lim.key_held)
+        # a type no longer limited reports 0 rather than a stale value
+        for t in self._limited - {lim.type for lim in limits}:
+            self.held_back.labels(t, "global_concurrency").set(0)
+            self.held_back.labels(t, "key_concurrency").set(0)
+        self._limited |= {lim.type for lim in limits}
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
@@ -145,8 +157,8 @@ class QueueMetricsResult:
 
 class QueueMetrics:
     """The queue gauges (ready, delayed, running, oldest ready age per type; paused types and
-    jobs held back by a pause or a rate), refreshed from the database. Every supervisor
-    reports the same queue-wide values."""
+    jobs held back by a pause, a rate or a concurrency limit), refreshed from the database.
+    Every supervisor reports the same queue-wide values."""
 
     def __init__(self, schema: str, metrics: Metrics) -> None:
         self.schema = schema
@@ -158,6 +170,7 @@ class QueueMetrics:
         stats = db.queue_stats(conn, self.schema, active_only=True)
         self.metrics.update_queue(stats)
         self.metrics.update_controls(db.type_controls(conn, self.schema), stats)
+        self.metrics.update_limits(db.type_limits(conn, self.schema))
         return QueueMetricsResult(len(stats))
 
 

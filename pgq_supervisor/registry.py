@@ -110,12 +110,40 @@ class Rate:
 
 
 @dataclass(frozen=True, slots=True)
+class Limits:
+    """Concurrency limits of a type, across every supervisor (schema/0008): at most `global_`
+    of its jobs running at once, and at most `per_key` running with one concurrency_key (jobs
+    of one key start in claim order). None: no such limit."""
+
+    global_: int | None
+    per_key: int | None
+
+    @classmethod
+    def parse(cls, type_: str, global_: object, per_key: object) -> Limits | None:
+        """None when neither is given; ConfigError unless each given one is an integer > 0."""
+        for name, value in (("global_concurrency", global_), ("key_concurrency", per_key)):
+            if value is not None and (
+                not isinstance(value, int) or isinstance(value, bool) or value <= 0
+            ):
+                raise ConfigError(
+                    f"handler {type_!r}: {name} must be an integer > 0, got {value!r}"
+                )
+        if global_ is None and per_key is None:
+            return None
+        assert global_ is None or isinstance(global_, int)
+        assert per_key is None or isinstance(per_key, int)
+        return cls(global_, per_key)
+
+
+@dataclass(frozen=True, slots=True)
 class ClaimPolicy:
     """The arrays a claim passes: the types a worker takes and each one's retry budget (the
-    claim stores it on jobs enqueued without their own)."""
+    claim stores it on jobs enqueued without their own). `limited`: those of the types with a
+    concurrency limit (a claim riding on their successes may find them still running)."""
 
     types: tuple[str, ...]
     max_retry_counts: tuple[int, ...]
+    limited: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +155,7 @@ class Handler:
     wants_conn: bool
     policy: Policy
     rate: Rate | None = None
+    limits: Limits | None = None
 
     @property
     def timeout(self) -> float | None:
@@ -175,10 +204,14 @@ class Registry:
         max_retry_count: int = DEFAULT_MAX_RETRY_COUNT,
         retry: RetryPolicy | Backoff | None = None,
         rate: tuple[int, float | timedelta] | None = None,
+        global_concurrency: int | None = None,
+        key_concurrency: int | None = None,
     ) -> Callable[[F], F]:
         """Register the decorated function as the handler of `type_`. `rate=(N, period)`: at
         most N starts of the type per period (seconds or timedelta) across all supervisors
-        (see Rate). ConfigError for an invalid option."""
+        (see Rate). `global_concurrency=N`: at most N jobs of the type running at once across
+        all supervisors; `key_concurrency=N`: at most N running per `concurrency_key` (see
+        Limits). ConfigError for an invalid option."""
         try:
             check_type_name(type_)
         except ValueError as exc:
@@ -188,12 +221,13 @@ class Registry:
         if max_retry_count < 0:
             raise ConfigError(f"handler {type_!r}: max_retry_count must be >= 0")
         parsed_rate = None if rate is None else Rate.parse(type_, rate)
+        limits = Limits.parse(type_, global_concurrency, key_concurrency)
 
         def register(func: F) -> F:
             if type_ in self.handlers:
                 raise ConfigError(f"job type {type_!r} has two handlers")
             handler = _make_handler(type_, func, timeout, max_retry_count, retry or RetryPolicy())
-            self.handlers[type_] = dataclasses.replace(handler, rate=parsed_rate)
+            self.handlers[type_] = dataclasses.replace(handler, rate=parsed_rate, limits=limits)
             return func
 
         return register
@@ -274,11 +308,17 @@ class Registry:
         found = {t: self.handlers[t].rate for t in types if t in self.handlers}
         return {t: r for t, r in found.items() if r is not None}
 
+    def limits(self, types: Sequence[str]) -> dict[str, Limits]:
+        """The concurrency limits of those of `types` that have some."""
+        found = {t: self.handlers[t].limits for t in types if t in self.handlers}
+        return {t: lim for t, lim in found.items() if lim is not None}
+
     def claim_policy(self, types: Sequence[str]) -> ClaimPolicy:
         """What a claim of `types` passes; InvalidInput if one has no handler."""
         return ClaimPolicy(
             types=tuple(types),
             max_retry_counts=tuple(self.get(t).max_retry_count for t in types),
+            limited=frozenset(self.limits(types)),
         )
 
 

@@ -42,8 +42,10 @@ from pgq_supervisor.db.control import (
     pause,
     rate_next_due,
     resume,
+    sync_limits,
     sync_rates,
     type_controls,
+    type_limits,
 )
 from pgq_supervisor.db.enqueueing import (
     enqueue,
@@ -65,7 +67,7 @@ from pgq_supervisor.db.lifecycle import (
     succeed_and_claim,
 )
 from pgq_supervisor.db.params import ClaimArgs, dump_json
-from pgq_supervisor.db.rows import CancelResult, TypeControl
+from pgq_supervisor.db.rows import CancelResult, TypeControl, TypeLimit
 from pgq_supervisor.db.schedules import (
     declare_schedules,
     enqueue_tick,
@@ -87,6 +89,7 @@ __all__ = [
     "ClaimArgs",
     "Conn",
     "TypeControl",
+    "TypeLimit",
     "cancel",
     "cancelled_among",
     "claim",
@@ -136,8 +139,10 @@ __all__ = [
     "succeed",
     "succeed_and_claim",
     "summary_by_origin",
+    "sync_limits",
     "sync_rates",
     "type_controls",
+    "type_limits",
     "unlisten",
     "unlisten_async",
     "wrapped",

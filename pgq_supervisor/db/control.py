@@ -1,4 +1,5 @@
-"""Pauses and rates of job types: what the claim (schema/0007) reads to hold jobs back."""
+"""Pauses, rates and concurrency limits of job types: what the claim (schema/0007, 0008)
+reads to hold jobs back."""
 
 from __future__ import annotations
 
@@ -9,7 +10,13 @@ from psycopg.rows import scalar_row
 
 from pgq_supervisor.db import rows
 from pgq_supervisor.db.connection import Conn, statement, wrapped
-from pgq_supervisor.db.params import PauseParams, SyncRatesParams, TypeParams, TypesParams
+from pgq_supervisor.db.params import (
+    PauseParams,
+    SyncLimitsParams,
+    SyncRatesParams,
+    TypeParams,
+    TypesParams,
+)
 
 
 def pause(
@@ -58,3 +65,28 @@ def rate_next_due(conn: Conn, schema: str, types: Sequence[str]) -> float | None
     with wrapped(), conn.cursor(row_factory=scalar_row) as cur:
         seconds: float | None = cur.execute(statement("rate_next_due", schema), params).fetchone()
     return None if seconds is None else float(seconds)
+
+
+def sync_limits(
+    conn: Conn,
+    schema: str,
+    served: Sequence[str],
+    limits: Mapping[str, tuple[int | None, int | None]],
+) -> None:
+    """Store the concurrency limits (type -> (global, per key), None: no such limit) of the
+    `served` types; a served type without one loses the limits it had."""
+    limited = sorted(limits)
+    params: SyncLimitsParams = {
+        "served": list(served),
+        "limited": limited,
+        "global_concurrencies": [limits[t][0] for t in limited],
+        "key_concurrencies": [limits[t][1] for t in limited],
+    }
+    with wrapped():
+        conn.execute(statement("sync_limits", schema), params)
+
+
+def type_limits(conn: Conn, schema: str) -> list[rows.TypeLimit]:
+    """Every type with a concurrency limit, by name, with its running and held-back jobs."""
+    with wrapped(), conn.cursor(row_factory=rows.TYPE_LIMIT) as cur:
+        return cur.execute(statement("type_limits", schema)).fetchall()

@@ -32,6 +32,9 @@ from pgq_supervisor.jobs import Bundle, BundleId, JobId, NewJob, check_type_name
 _INT4_MIN, _INT4_MAX = -(2**31), 2**31 - 1  # the integer columns' range
 
 
+MAX_CONCURRENCY_KEY = 200  # schema/0008's CHECK
+
+
 def _validate(job: NewJob) -> None:
     try:
         check_type_name(job.type)
@@ -50,6 +53,15 @@ def _validate(job: NewJob) -> None:
     if job.on_dependency_failure not in ("cancel", "run"):
         raise InvalidInput(
             f"on_dependency_failure must be 'cancel' or 'run', got {job.on_dependency_failure!r}"
+        )
+    key = job.concurrency_key
+    if key is not None and (
+        not isinstance(key, str) or not 1 <= len(key) <= MAX_CONCURRENCY_KEY or "\x00" in key
+    ):
+        shown = key if not isinstance(key, str) or len(key) <= 40 else f"{key[:40]}..."
+        raise InvalidInput(
+            f"concurrency_key must be a string of 1 to {MAX_CONCURRENCY_KEY} characters"
+            f" without NUL, got {shown!r}"
         )
 
 
@@ -108,6 +120,7 @@ def enqueue_params(job: NewJob) -> EnqueueRow:
         "timeout": job.timeout,
         "depends_on": (deps := _dependencies(job)),
         "on_dependency_failure": None if deps is None else job.on_dependency_failure,
+        "concurrency_key": job.concurrency_key,
     }
 
 
@@ -199,6 +212,7 @@ def enqueue_many_params(jobs: Sequence[NewJob], bundle_id: BundleId | None) -> E
     timeouts: list[float | None] = []
     depends_ons: list[str | None] = []
     on_failures: list[str | None] = []
+    concurrency_keys: list[str | None] = []
     for job in jobs:
         _validate(job)
         types.append(job.type)
@@ -212,6 +226,7 @@ def enqueue_many_params(jobs: Sequence[NewJob], bundle_id: BundleId | None) -> E
         deps = _dependencies(job)
         depends_ons.append(None if deps is None else "{" + ",".join(map(str, deps)) + "}")
         on_failures.append(None if deps is None else job.on_dependency_failure)
+        concurrency_keys.append(job.concurrency_key)
     seen: set[str] = set()
     for key in keys:
         if key is not None:
@@ -231,6 +246,7 @@ def enqueue_many_params(jobs: Sequence[NewJob], bundle_id: BundleId | None) -> E
         "timeouts": timeouts,
         "depends_ons": depends_ons,
         "on_dependency_failures": on_failures,
+        "concurrency_keys": concurrency_keys,
     }
 
 
@@ -267,7 +283,10 @@ def enqueue_many(
             if link["jobs"]:
                 conn.execute(statement("link_dependencies", schema), link)
             return out
-    if not any(j.unique_key is not None or j.start_at is not None for j in jobs):
+    if not any(
+        j.unique_key is not None or j.start_at is not None or j.concurrency_key is not None
+        for j in jobs
+    ):
         _enqueue_copy(conn, schema, params)
         return [JobId(i) for i in params["ids"]]
     return _insert_many(conn, schema, jobs, params)

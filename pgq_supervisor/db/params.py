@@ -55,6 +55,7 @@ class EnqueueRow(TypedDict):
     timeout: float | None
     depends_on: list[uuid.UUID] | None
     on_dependency_failure: str | None
+    concurrency_key: str | None
 
 
 class EnqueueManyParams(TypedDict):
@@ -72,6 +73,7 @@ class EnqueueManyParams(TypedDict):
     timeouts: list[float | None]
     depends_ons: list[str | None]
     on_dependency_failures: list[str | None]
+    concurrency_keys: list[str | None]
 
 
 class LinkDependenciesParams(TypedDict):
@@ -236,6 +238,17 @@ class SyncRatesParams(TypedDict):
     periods: list[float]
 
 
+class SyncLimitsParams(TypedDict):
+    """`sync_limits`: `limited[i]` allows `global_concurrencies[i]` running jobs and
+    `key_concurrencies[i]` per key (None: no such limit); the rows of `served` types not in
+    `limited` are deleted."""
+
+    served: list[str]
+    limited: list[str]
+    global_concurrencies: list[int | None]
+    key_concurrencies: list[int | None]
+
+
 # ---- waiting and progress -------------------------------------------------------------------
 
 
@@ -324,4 +337,6 @@ PARAMS: dict[str, type] = {
     "type_controls": NoParams,
     "sync_rates": SyncRatesParams,
     "rate_next_due": TypesParams,
+    "sync_limits": SyncLimitsParams,
+    "type_limits": NoParams,
 }

@@ -233,6 +233,30 @@ SCHEDULE_STATE = NamedRow(ScheduleState)
 SCHEDULE_RECORD = NamedRow(ScheduleRecord)
 TYPE_CONTROL = NamedRow(TypeControl)
 
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TypeLimit:
+    """A type with a concurrency limit: its limits (None: none), its running and ready jobs,
+    and how many of the ready ones wait because their concurrency_key is at its limit."""
+
+    type: str
+    global_concurrency: int | None
+    key_concurrency: int | None
+    running: int
+    ready: int
+    key_held: int
+
+    @property
+    def held_by_global(self) -> int:
+        """Ready jobs (not already held by their key) beyond the running slots left."""
+        if self.global_concurrency is None:
+            return 0
+        free = max(0, self.global_concurrency - self.running)
+        return max(0, self.ready - self.key_held - free)
+
+
+TYPE_LIMIT = NamedRow(TypeLimit)
+
 DoneAndClaimed = tuple[list[JobId], list[Job]]
 
 
@@ -332,4 +356,5 @@ ROWS: dict[str, tuple[str, ...]] = {
     "schedule_states": SCHEDULE_STATE.columns,
     "schedules_list": SCHEDULE_RECORD.columns,
     "type_controls": TYPE_CONTROL.columns,
+    "type_limits": TYPE_LIMIT.columns,
 }

@@ -6,18 +6,21 @@
 -- A job with dependencies goes in waiting (waiting_on > 0: out of the claim's index) until
 -- link_dependencies counts them.
 INSERT INTO {schema}.job (id, type, payload, priority, start_at, max_retry_count, origin, timeout,
-                          depends_on, on_dependency_failure, waiting_on)
+                          depends_on, on_dependency_failure, waiting_on, concurrency_key)
 VALUES (%(id)s, %(type)s, %(payload)s, %(priority)s, coalesce(%(start_at)s, now()),
         %(max_retry_count)s, %(origin)s, %(timeout)s, %(depends_on)s::uuid[],
-        %(on_dependency_failure)s, coalesce(cardinality(%(depends_on)s::uuid[]), 0))
+        %(on_dependency_failure)s, coalesce(cardinality(%(depends_on)s::uuid[]), 0),
+        %(concurrency_key)s)
 
 -- name: enqueue_unique
 -- One job. A unique_key already held by an unfinished job makes this insert nothing.
 INSERT INTO {schema}.job (id, type, payload, priority, start_at, max_retry_count, unique_key,
-                          origin, timeout, depends_on, on_dependency_failure, waiting_on)
+                          origin, timeout, depends_on, on_dependency_failure, waiting_on,
+                          concurrency_key)
 VALUES (%(id)s, %(type)s, %(payload)s, %(priority)s, coalesce(%(start_at)s, now()),
         %(max_retry_count)s, %(unique_key)s, %(origin)s, %(timeout)s, %(depends_on)s::uuid[],
-        %(on_dependency_failure)s, coalesce(cardinality(%(depends_on)s::uuid[]), 0))
+        %(on_dependency_failure)s, coalesce(cardinality(%(depends_on)s::uuid[]), 0),
+        %(concurrency_key)s)
 ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state IN ('pending', 'running')
 DO NOTHING
 RETURNING id
@@ -29,16 +32,16 @@ RETURNING id
 -- rectangular), NULL for none.
 INSERT INTO {schema}.job (id, bundle_id, type, payload, priority, start_at, max_retry_count,
                           unique_key, origin, timeout, depends_on, on_dependency_failure,
-                          waiting_on)
+                          waiting_on, concurrency_key)
 SELECT n.id, %(bundle_id)s, n.type, n.payload, n.priority, coalesce(n.start_at, now()),
        n.max_retry_count, n.unique_key, n.origin, n.timeout, n.depends_on::uuid[], n.on_failure,
-       coalesce(cardinality(n.depends_on::uuid[]), 0)
+       coalesce(cardinality(n.depends_on::uuid[]), 0), n.concurrency_key
 FROM unnest(%(ids)s::uuid[], %(types)s::text[], %(payloads)s::jsonb[], %(priorities)s::int[],
             %(start_ats)s::timestamptz[], %(max_retry_counts)s::int[], %(unique_keys)s::text[],
             %(origins)s::text[], %(timeouts)s::float8[], %(depends_ons)s::text[],
-            %(on_dependency_failures)s::text[])
+            %(on_dependency_failures)s::text[], %(concurrency_keys)s::text[])
      AS n(id, type, payload, priority, start_at, max_retry_count, unique_key, origin, timeout,
-          depends_on, on_failure)
+          depends_on, on_failure, concurrency_key)
 ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state IN ('pending', 'running')
 DO NOTHING
 RETURNING id
@@ -336,7 +339,7 @@ FROM done
 SELECT id, bundle_id, type, payload, priority, origin, state, max_retry_count,
        current_retry_count, start_at, started_at, stopped_at, worker_alive_at, worker_id,
        timeout, unique_key, result, error_msg, error_data, attempts, created_at, updated_at,
-       progress, waiting_on, depends_on, on_dependency_failure, has_dependents
+       progress, waiting_on, depends_on, on_dependency_failure, has_dependents, concurrency_key
 FROM {schema}.job WHERE id = %(id)s
 
 -- name: job_states
@@ -347,7 +350,7 @@ SELECT id, state FROM {schema}.job WHERE id = ANY(%(ids)s::uuid[])
 SELECT id, bundle_id, type, payload, priority, origin, state, max_retry_count,
        current_retry_count, start_at, started_at, stopped_at, worker_alive_at, worker_id,
        timeout, unique_key, result, error_msg, error_data, attempts, created_at, updated_at,
-       progress, waiting_on, depends_on, on_dependency_failure, has_dependents
+       progress, waiting_on, depends_on, on_dependency_failure, has_dependents, concurrency_key
 FROM {schema}.job WHERE id = ANY(%(ids)s::uuid[])
 
 -- name: set_progress
@@ -377,7 +380,7 @@ FROM {schema}.job_bundle WHERE id = %(id)s
 SELECT id, bundle_id, type, payload, priority, origin, state, max_retry_count,
        current_retry_count, start_at, started_at, stopped_at, worker_alive_at, worker_id,
        timeout, unique_key, result, error_msg, error_data, attempts, created_at, updated_at,
-       progress, waiting_on, depends_on, on_dependency_failure, has_dependents
+       progress, waiting_on, depends_on, on_dependency_failure, has_dependents, concurrency_key
 FROM {schema}.job
 WHERE state = %(state)s AND (%(type)s::text IS NULL OR type = %(type)s)
 ORDER BY updated_at DESC
@@ -460,8 +463,9 @@ SET LOCAL synchronous_commit = on
 SET synchronous_commit = off
 
 -- name: enqueue_copy
--- The bulk fast path (no unique_key, no start_at in the batch): COPY skips the per-row
--- executor work of INSERT ... SELECT unnest. Triggers still fire once per statement.
+-- The bulk fast path (no unique_key, no start_at, no concurrency_key in the batch): COPY
+-- skips the per-row executor work of INSERT ... SELECT unnest. Triggers still fire once per
+-- statement.
 COPY {schema}.job (id, bundle_id, type, payload, priority, max_retry_count, origin, timeout)
 FROM STDIN
 
@@ -567,3 +571,44 @@ FROM (SELECT t.type, (w).free, (w).free_in
       FROM (SELECT t.type, {schema}.rate_window(t.max_starts, t.period, t.buckets, t.counts) AS w
             FROM {schema}.type_rate t WHERE t.type = ANY(%(types)s::text[])) t) r
 WHERE r.free = 0 AND NOT EXISTS (SELECT 1 FROM {schema}.type_pause p WHERE p.type = r.type)
+
+-- name: sync_limits
+-- The concurrency limits of the served types as this supervisor's handlers declare them, as
+-- sync_rates: rows of served types without a limit go, the others are written (the last
+-- supervisor started wins).
+WITH dropped AS (
+    DELETE FROM {schema}.type_limit l
+    WHERE l.type = ANY(%(served)s::text[]) AND l.type <> ALL(%(limited)s::text[])
+    RETURNING l.type
+)
+INSERT INTO {schema}.type_limit AS l (type, global_concurrency, key_concurrency)
+SELECT w.type, w.global_concurrency, w.key_concurrency
+FROM unnest(%(limited)s::text[], %(global_concurrencies)s::int[], %(key_concurrencies)s::int[])
+     AS w(type, global_concurrency, key_concurrency)
+WHERE (SELECT count(*) FROM dropped) >= 0
+ORDER BY w.type
+ON CONFLICT (type) DO UPDATE
+SET global_concurrency = excluded.global_concurrency,
+    key_concurrency = excluded.key_concurrency, updated_at = now()
+WHERE (l.global_concurrency, l.key_concurrency)
+      IS DISTINCT FROM (excluded.global_concurrency, excluded.key_concurrency)
+
+-- name: type_limits
+-- Every limited type: its limits, its running jobs, its ready jobs (claimable but for the
+-- limits and pauses), and how many of those wait because their key is at its limit.
+SELECT l.type, l.global_concurrency, l.key_concurrency,
+       (SELECT count(*) FROM {schema}.job r
+        WHERE r.state = 'running' AND r.type = l.type)::int AS running,
+       (SELECT count(*) FROM {schema}.job p
+        WHERE p.state = 'pending' AND p.waiting_on = 0 AND p.start_at <= now()
+          AND p.type = l.type)::int AS ready,
+       (SELECT count(*) FROM {schema}.job p
+        WHERE p.state = 'pending' AND p.waiting_on = 0 AND p.start_at <= now()
+          AND p.type = l.type AND l.key_concurrency IS NOT NULL
+          AND p.concurrency_key IN (
+              SELECT r.concurrency_key FROM {schema}.job r
+              WHERE r.state = 'running' AND r.type = l.type AND r.concurrency_key IS NOT NULL
+              GROUP BY r.concurrency_key
+              HAVING count(*) >= l.key_concurrency))::int AS key_held
+FROM {schema}.type_limit l
+ORDER BY l.type

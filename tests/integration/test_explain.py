@@ -186,18 +186,20 @@ def test_cancel_and_the_supervisors_cancel_check_find_jobs_by_primary_key(conn: 
         assert not [n for n in _job_scans(nodes) if n["Node Type"] == "Seq Scan"], nodes
 
 
-def test_the_pause_and_rate_gates_of_an_unlimited_claim_are_one_index_probe_each(
+def test_the_pause_limit_and_rate_gates_of_an_unlimited_claim_are_one_index_probe_each(
     conn: Conn,
 ) -> None:
-    """claim_pick asks two tiny tables about the served types before picking: with many other
-    types paused and rated, each question stays one probe of its primary key per claim (not
-    per job), and the rows are still picked by the ordered walk."""
+    """claim_pick asks three tiny tables about the served types before picking: with many
+    other types paused, limited and rated, each question stays one probe of its primary key
+    per claim (not per job), and the rows are still picked by the ordered walk."""
     _fill(conn)
     conn.execute(
         "INSERT INTO pgq.type_pause (type) SELECT 'p' || g FROM generate_series(1, 2000) g;"
         "INSERT INTO pgq.type_rate (type, max_starts, period)"
         " SELECT 'r' || g, 10, 1 FROM generate_series(1, 2000) g;"
-        "ANALYZE pgq.type_pause; ANALYZE pgq.type_rate"
+        "INSERT INTO pgq.type_limit (type, global_concurrency)"
+        " SELECT 'l' || g, 10 FROM generate_series(1, 2000) g;"
+        "ANALYZE pgq.type_pause; ANALYZE pgq.type_rate; ANALYZE pgq.type_limit"
     )
     row = conn.execute(
         "SELECT p.prosrc FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
@@ -207,7 +209,7 @@ def test_the_pause_and_rate_gates_of_an_unlimited_claim_are_one_index_probe_each
     probes = re.findall(
         r"EXISTS \((SELECT 1 FROM (type_\w+) WHERE type = ANY\(p_types\))\)", row[0]
     )
-    assert [table for _, table in probes] == ["type_pause", "type_rate"]
+    assert [table for _, table in probes] == ["type_pause", "type_limit", "type_rate"]
     with conn.transaction():
         conn.execute("SET LOCAL search_path = pgq")
         for probe, table in probes:

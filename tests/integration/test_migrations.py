@@ -44,6 +44,7 @@ JOB_COLUMNS = {
     "depends_on": ("ARRAY", True),
     "on_dependency_failure": ("text", True),
     "has_dependents": ("boolean", False),
+    "concurrency_key": ("text", True),
 }
 DEPENDENCY_COLUMNS = {
     "job_id": ("uuid", False),
@@ -91,6 +92,12 @@ TYPE_RATE_COLUMNS = {
     "counts": ("ARRAY", False),
     "updated_at": ("timestamp with time zone", False),
 }
+TYPE_LIMIT_COLUMNS = {
+    "type": ("text", False),
+    "global_concurrency": ("integer", True),
+    "key_concurrency": ("integer", True),
+    "updated_at": ("timestamp with time zone", False),
+}
 INDEXES = {
     "job_pkey": "CREATE UNIQUE INDEX job_pkey ON {s}.job USING btree (id)",
     "job_bundle_pkey": "CREATE UNIQUE INDEX job_bundle_pkey ON {s}.job_bundle USING btree (id)",
@@ -124,6 +131,7 @@ INDEXES = {
     ),
     "type_pause_pkey": "CREATE UNIQUE INDEX type_pause_pkey ON {s}.type_pause USING btree (type)",
     "type_rate_pkey": "CREATE UNIQUE INDEX type_rate_pkey ON {s}.type_rate USING btree (type)",
+    "type_limit_pkey": ("CREATE UNIQUE INDEX type_limit_pkey ON {s}.type_limit USING btree (type)"),
     "job_finished_idx": (
         "CREATE INDEX job_finished_idx ON {s}.job USING btree (state, stopped_at)"
         " WHERE (stopped_at IS NOT NULL)"
@@ -197,6 +205,18 @@ CHECKS = {
     ),
     ("type_rate", "type_rate_max_starts_check"): "CHECK ((max_starts > 0))",
     ("type_rate", "type_rate_period_check"): "CHECK ((period > (0)::double precision))",
+    ("job", "job_concurrency_key_length"): (
+        "CHECK (((concurrency_key IS NULL) OR ((char_length(concurrency_key) >= 1)"
+        " AND (char_length(concurrency_key) <= 200))))"
+    ),
+    ("type_limit", "type_limit_type_check"): (
+        "CHECK (((char_length(type) >= 1) AND (char_length(type) <= 100)))"
+    ),
+    ("type_limit", "type_limit_global_concurrency_check"): "CHECK ((global_concurrency > 0))",
+    ("type_limit", "type_limit_key_concurrency_check"): "CHECK ((key_concurrency > 0))",
+    ("type_limit", "type_limit_some"): (
+        "CHECK (((global_concurrency IS NOT NULL) OR (key_concurrency IS NOT NULL)))"
+    ),
 }
 TRIGGERS = {
     "job_notify_inserted": (
@@ -246,6 +266,8 @@ FUNCTIONS = {
     "claim_pick_rated",
     "rate_bucket",
     "rate_window",
+    "claim_pick_keyed",
+    "claim_pick_limited",
 }
 
 
@@ -273,6 +295,7 @@ def assert_declared_schema(conn: Conn, s: str) -> None:
         "job_dependency",
         "schedule",
         "schema_version",
+        "type_limit",
         "type_pause",
         "type_rate",
     ]
@@ -280,6 +303,7 @@ def assert_declared_schema(conn: Conn, s: str) -> None:
     assert _columns(conn, s, "job_dependency") == DEPENDENCY_COLUMNS
     assert _columns(conn, s, "type_pause") == TYPE_PAUSE_COLUMNS
     assert _columns(conn, s, "type_rate") == TYPE_RATE_COLUMNS
+    assert _columns(conn, s, "type_limit") == TYPE_LIMIT_COLUMNS
     assert _columns(conn, s, "job_bundle") == BUNDLE_COLUMNS
     assert _columns(conn, s, "schedule") == SCHEDULE_COLUMNS
     assert _columns(conn, s, "schema_version") == VERSION_COLUMNS
