@@ -52,6 +52,7 @@ def test_get_job_reads_every_column_by_name(conn: Conn) -> None:
         origin="tests",
         timeout=12.5,
         depends_on=[dep := pgq.enqueue(conn, "dep")],
+        concurrency_key="customer:42",
     )
     with conn.transaction():
         bundle = db.insert_bundle(conn, SCHEMA, "t", 1, "tests", None)
@@ -93,6 +94,7 @@ def _sample_params(conn: Conn) -> dict[str, dict[str, object]]:
     bundle = db.insert_bundle(conn, SCHEMA, "t", 0, None, None)
     running = claim(conn, ["t"], limit=2)
     pgq.pause(conn, "other", reason="sample")  # any paused type gives type_controls a row
+    db.sync_limits(conn, SCHEMA, ["other"], {"other": (2, 1)})  # and type_limits one
     claim_args = {"worker_id": "w", "types": ["t"], "max_retry_counts": [3], "limit": 1}
     db.declare_schedules(conn, SCHEMA, [Schedule.make("s0", type="t", every=timedelta(seconds=5))])
     return {
@@ -144,6 +146,7 @@ def _sample_params(conn: Conn) -> dict[str, dict[str, object]]:
         "schedule_states": {"names": ["s0"]},
         "schedules_list": {},
         "type_controls": {},
+        "type_limits": {},
     }
 
 
