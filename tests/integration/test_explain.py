@@ -226,3 +226,74 @@ def test_the_pause_limit_and_rate_gates_of_an_unlimited_claim_are_one_index_prob
     # and the claim of an unpaused, unrated type takes jobs
     row = conn.execute("SELECT cardinality(pgq.claim_pick(ARRAY['a'], 10))").fetchone()
     assert row == (10,)
+
+
+def _function_query(
+    conn: Conn, function: LiteralString, start: str, end: str, params: dict[str, str]
+) -> tuple[str, list[str]]:
+    """A query of a plpgsql function, from its text in pg_proc (`start` up to `end`), with its
+    variables replaced by placeholders; and the function's SET clauses."""
+    row = conn.execute(
+        "SELECT p.prosrc, p.proconfig FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
+        " WHERE n.nspname = 'pgq' AND p.proname = %s",
+        (function,),
+    ).fetchone()
+    assert row is not None
+    src, config = row
+    text = src[src.index(start) : src.index(end, src.index(start))]
+    for name, placeholder in params.items():
+        text = text.replace(name, placeholder)
+    return text, list(config)
+
+
+def _explain(conn: Conn, text: str, config: list[str], params: dict[str, object]) -> list[Plan]:
+    with conn.transaction(force_rollback=True):
+        conn.execute("SET LOCAL search_path = pgq")
+        for item in config:
+            name, value = item.split("=", 1)
+            conn.execute("SELECT set_config(%s, %s, true)", (name, value))
+        row = conn.execute(
+            sql.SQL("EXPLAIN (FORMAT JSON) {}").format(sql.SQL(text)), params
+        ).fetchone()
+    assert row is not None
+    return list(_nodes(row[0][0]["Plan"]))
+
+
+def test_a_key_limited_claim_walks_job_claim_idx_in_order(conn: Conn) -> None:
+    """claim_pick_keyed reads the pending jobs of its type in claim order: on the index,
+    never a sort of the backlog."""
+    _fill(conn)
+    text, config = _function_query(
+        conn, "claim_pick_keyed", "SELECT p.id", "\n    LOOP", {"p_type": "%(type)s::text"}
+    )
+    nodes = _explain(conn, text, config, {"type": "a"})
+    scans = _job_scans(nodes)
+    assert [(s["Node Type"], s.get("Index Name")) for s in scans] == [
+        ("Index Scan", "job_claim_idx")
+    ], nodes
+    assert not [n for n in nodes if "Sort" in str(n["Node Type"])], nodes
+
+
+def test_a_limited_claim_counts_running_jobs_on_the_running_index(conn: Conn) -> None:
+    """The count of a limited type's running jobs reads job_running_idx (the running jobs
+    only), never the table or the backlog."""
+    _fill(conn)
+    conn.execute("ANALYZE pgq.job")
+    text, config = _function_query(
+        conn,
+        "claim_pick_limited",
+        "SELECT count(*) INTO v_running",
+        ";",
+        {"INTO v_running ": "", "v_limited[i]": "%(type)s::text"},
+    )
+    nodes = _explain(conn, text, config, {"type": "a"})
+    assert [s.get("Index Name") for s in _job_scans(nodes)] == ["job_running_idx"], nodes
+    text, config = _function_query(
+        conn,
+        "claim_pick_keyed",
+        "SELECT coalesce(jsonb_object_agg",
+        ";",
+        {"INTO v_taken": "", "p_type": "%(type)s::text"},
+    )
+    nodes = _explain(conn, text, config, {"type": "a"})
+    assert [s.get("Index Name") for s in _job_scans(nodes)] == ["job_running_idx"], nodes
