@@ -28,6 +28,18 @@ def noop(payload: object) -> None:
     """Does nothing: the drain measures the queue's own cost per job."""
 
 
+# The limits group: the same no-op type under a global concurrency limit. A registry of its own
+# (`--app benchmarks.apps:limited`): a supervisor serving a limited type claims every type it
+# serves through the limited path, which would tax the other groups' drains.
+LIMIT = 1000
+limited = pgq.Registry()
+
+
+@limited.handler(NOOP, global_concurrency=LIMIT)
+def noop_limited(payload: object) -> None:
+    """Does nothing, under global_concurrency=LIMIT."""
+
+
 @registry.handler(WAKE)
 def wake(payload: object) -> dict[str, float]:
     """Reports the wall-clock time at which the handler started."""

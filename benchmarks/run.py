@@ -20,7 +20,7 @@ from types import FrameType
 from typing import NoReturn
 
 from benchmarks import drain, enqueue, peers, probes
-from benchmarks.apps import calibrate_spin
+from benchmarks.apps import LIMIT, calibrate_spin
 from benchmarks.options import Options, parse_args
 from benchmarks.procs import ROOT
 from benchmarks.progress import Progress, Step
@@ -76,6 +76,9 @@ class Bench:
         if "deps" in o.groups:
             for r in runs:
                 steps += self.deps_steps(r)
+        if "limits" in o.groups:
+            for r in runs:
+                steps += self.limits_steps(r)
         if "cpu" in o.groups:
             steps.append(Step("calibrate the CPU-bound job", self.calibrate, ()))
             for r in runs:
@@ -161,6 +164,14 @@ class Bench:
                 "deps.plain",
                 "deps.waiting",
                 Ratio("with / without waiting", ("deps.waiting",), "deps.plain", Target(">=", 0.9)),
+            ]
+        if "limits" in self.opts.groups:
+            self.order += [
+                "limits.plain",
+                "limits.limited",
+                Ratio(
+                    "limited / unlimited", ("limits.limited",), "limits.plain", Target(">=", 0.8)
+                ),
             ]
         self.order += [f"cpu.procs_{p}" for p in self.cpu_procs]
         if len(self.cpu_procs) >= 2:
@@ -310,6 +321,34 @@ class Bench:
         return [
             self.drained_step(f"{tag}, nothing waiting", plain, run(0)),
             self.drained_step(f"{tag}, {DEPS_WAITING:,} waiting", waiting, run(DEPS_WAITING)),
+        ]
+
+    def limits_steps(self, r: int) -> list[Step]:
+        """The same drain without and with global_concurrency=1000 on the type, back to back
+        (issue 12: the limited drain at least 0.8 of the other)."""
+        o = self.opts
+        procs = self.quiet_procs
+        plain = self.results.measure(
+            "limits.plain", f"drain no-op jobs, {procs} procs (limits group: no limit)", "jobs/s"
+        )
+        limited = self.results.measure(
+            "limits.limited", f"the same with global_concurrency={LIMIT:,} on the type", "jobs/s"
+        )
+
+        def run(extra: Sequence[str]) -> Callable[[], drain.Drained]:
+            args = (*o.supervisor_args, *extra)
+            return lambda: drain.run_drain(
+                self.dsn, procs, o.drain_jobs, gate=o.start_gate, supervisor_args=args
+            )
+
+        tag = f"run {r}/{o.runs} limits: {o.drain_jobs:,} no-op jobs, --procs {procs}"
+        return [
+            self.drained_step(f"{tag}, no limit", plain, run(())),
+            self.drained_step(
+                f"{tag}, global_concurrency={LIMIT:,}",
+                limited,
+                run(("--app", "benchmarks.apps:limited")),
+            ),
         ]
 
     @property

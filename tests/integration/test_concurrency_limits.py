@@ -238,8 +238,8 @@ def test_the_key_travels_through_every_enqueue_path(conn: Conn) -> None:
     unique = pgq.enqueue(conn, "k", unique_key="u", concurrency_key="c2", schema=SCHEMA)
     (many,) = _enqueue(conn, "k", 1, key="c3")
     bundle = pgq.enqueue_bundle(conn, "b", [pgq.NewJob("k", concurrency_key="c4")], schema=SCHEMA)
-    keys = dict(
-        conn.execute("SELECT id, concurrency_key FROM pgq.job").fetchall()  # type: ignore[arg-type]
+    keys: dict[object, object] = dict(
+        conn.execute("SELECT id, concurrency_key FROM pgq.job").fetchall()
     )
     bundled = conn.execute("SELECT id FROM pgq.job WHERE bundle_id = %s", (bundle.id,)).fetchone()
     assert bundled is not None

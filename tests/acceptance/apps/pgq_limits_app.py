@@ -1,0 +1,20 @@
+"""Handlers under concurrency limits, for process tests. An app of its own: a supervisor
+serving a limited type claims all its types through the limited path (schema/0008)."""
+
+from __future__ import annotations
+
+import time
+
+import pgq_supervisor as pgq
+
+registry = pgq.Registry()
+
+
+@registry.handler("limited", global_concurrency=3)
+def limited(payload: dict[str, float]) -> None:
+    time.sleep(payload["seconds"])  # the job's simulated work
+
+
+@registry.handler("keyed", key_concurrency=1)
+def keyed(payload: dict[str, float]) -> None:
+    time.sleep(payload["seconds"])  # the job's simulated work
