@@ -3,7 +3,9 @@ and a held-back job starts as soon as a slot frees, not at the next poll."""
 
 from __future__ import annotations
 
+import itertools
 import time
+from datetime import datetime
 
 import psycopg
 
@@ -94,14 +96,15 @@ def test_key_concurrency_1_runs_each_key_serially_and_in_order(
         "SELECT concurrency_key, started_at, stopped_at FROM pgq.job WHERE type = 'keyed'"
         " ORDER BY concurrency_key, created_at"
     ).fetchall()
-    by_key: dict[str, list[tuple[object, object]]] = {}
+    by_key: dict[str, list[tuple[datetime, datetime]]] = {}
     for key, started_at, stopped_at in rows:
-        by_key.setdefault(key, []).append((started_at, stopped_at))
+        assert isinstance(started_at, datetime) and isinstance(stopped_at, datetime)
+        by_key.setdefault(str(key), []).append((started_at, stopped_at))
     assert len(by_key) == KEYS
     for key, runs in by_key.items():
-        for (start_a, stop_a), (start_b, _) in zip(runs, runs[1:], strict=False):
-            assert start_a < start_b, key  # type: ignore[operator]
-            assert stop_a <= start_b, key  # type: ignore[operator]
+        for (start_a, stop_a), (start_b, _) in itertools.pairwise(runs):
+            assert start_a < start_b, key
+            assert stop_a <= start_b, key
     for sup in sups:
         assert sup.stop() == 0, sup.log()[-2000:]
 
