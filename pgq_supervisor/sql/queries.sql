@@ -83,7 +83,8 @@ WITH claimed AS (
     -- spelled through the timestamps (the CHECKs make "never started, never stopped" mean
     -- pending) because `state = 'pending'` lets the planner walk the whole job_claim_idx
     -- instead of the primary key (PostgreSQL 18 did).
-    WHERE j.id = ANY((SELECT {schema}.claim_pick(%(types)s::text[], %(limit)s::int))::uuid[])
+    WHERE j.id = ANY((SELECT {schema}.claim_pick(%(types)s::text[], %(limit)s::int,
+                                                 %(lease)s::uuid))::uuid[])
       AND j.started_at IS NULL AND j.stopped_at IS NULL
     RETURNING j.id, j.type, j.payload, j.priority, j.current_retry_count + 1 AS attempt,
               j.max_retry_count, j.timeout, j.bundle_id, j.lease, j.created_at,
@@ -204,7 +205,8 @@ claimed AS (
         max_retry_count = coalesce(
             j.max_retry_count,
             (%(max_retry_counts)s::int[])[array_position(%(types)s::text[], j.type)])
-    WHERE j.id = ANY((SELECT {schema}.claim_pick(%(types)s::text[], %(limit)s::int))::uuid[])
+    WHERE j.id = ANY((SELECT {schema}.claim_pick(%(types)s::text[], %(limit)s::int,
+                                                 %(lease)s::uuid))::uuid[])
       AND j.started_at IS NULL AND j.stopped_at IS NULL
     RETURNING j.id, j.type, j.payload, j.priority, j.current_retry_count + 1 AS attempt,
               j.max_retry_count, j.timeout, j.bundle_id, j.lease, j.created_at,

@@ -273,3 +273,68 @@ def test_a_held_back_claim_waits_on_the_lock_not_on_a_sleep(dsn: str, conn: Conn
         t.join(10)
     assert result == [0]
     assert _running(conn, "g") == 1
+
+
+def _stripes(conn: Conn, type_: str) -> list[int]:
+    rows = conn.execute(
+        "SELECT slots FROM pgq.type_limit_stripe WHERE type = %s ORDER BY stripe", (type_,)
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+def test_a_large_limit_is_striped_and_small_or_keyed_ones_are_not(conn: Conn) -> None:
+    db.sync_limits(conn, SCHEMA, ["a", "b", "c", "d"], {
+        "a": (1000, None), "b": (250, None), "c": (199, None), "d": (1000, 1),
+    })  # fmt: skip
+    assert _stripes(conn, "a") == [125] * 8
+    assert _stripes(conn, "b") == [125, 125]
+    assert _stripes(conn, "c") == [] and _stripes(conn, "d") == []
+
+
+def test_striped_claims_from_many_connections_never_exceed_the_limit(dsn: str, conn: Conn) -> None:
+    """Six workers claim batches of a striped type (200: two stripes of 100) and keep them:
+    the running count never passes 200; one claimer alone then fills what is left."""
+    limit = 200
+    _enqueue(conn, "s", 600)
+    db.sync_limits(conn, SCHEMA, ["s"], {"s": (limit, None)})
+    assert _stripes(conn, "s") == [100, 100]
+
+    def worker(i: int) -> int:
+        took = 0
+        with psycopg.connect(dsn, autocommit=True) as c:
+            for _ in range(20):
+                took += len(claim(c, ["s"], worker_id=f"w{i}", limit=17))
+                assert _running(c, "s") <= limit
+        return took
+
+    took = sum(in_threads(6, worker))
+    assert took == _running(conn, "s") <= limit
+    while claim(conn, ["s"], limit=17):
+        pass
+    assert _running(conn, "s") == limit
+    assert count_rows(conn, where="type = 's' AND state = 'pending' AND attempts = '[]'") == 400
+
+
+def test_a_striped_claim_without_a_lease_counts_every_running_job(conn: Conn) -> None:
+    _enqueue(conn, "s", 300)
+    db.sync_limits(conn, SCHEMA, ["s"], {"s": (200, None)})
+    while claim(conn, ["s"], limit=30):
+        pass
+    assert _running(conn, "s") == 200
+    row = conn.execute("SELECT cardinality(pgq.claim_pick(ARRAY['s'], 10))").fetchone()
+    assert row == (0,)
+
+
+def test_a_lowered_limit_holds_the_jobs_running_under_the_old_one(conn: Conn) -> None:
+    _enqueue(conn, "s", 800)
+    db.sync_limits(conn, SCHEMA, ["s"], {"s": (400, None)})
+    held: list[Job] = []
+    while jobs := claim(conn, ["s"], limit=50):
+        held += jobs
+    assert len(held) == 400
+    db.sync_limits(conn, SCHEMA, ["s"], {"s": (200, None)})
+    assert claim(conn, ["s"], limit=50) == []  # 400 running: every stripe is full
+    _finish(conn, held[:300])
+    while claim(conn, ["s"], limit=50):
+        pass
+    assert _running(conn, "s") <= 200

@@ -98,6 +98,12 @@ TYPE_LIMIT_COLUMNS = {
     "key_concurrency": ("integer", True),
     "updated_at": ("timestamp with time zone", False),
 }
+TYPE_LIMIT_STRIPE_COLUMNS = {
+    "type": ("text", False),
+    "stripe": ("integer", False),
+    "slots": ("integer", False),
+    "leases": ("ARRAY", False),
+}
 INDEXES = {
     "job_pkey": "CREATE UNIQUE INDEX job_pkey ON {s}.job USING btree (id)",
     "job_bundle_pkey": "CREATE UNIQUE INDEX job_bundle_pkey ON {s}.job_bundle USING btree (id)",
@@ -132,6 +138,10 @@ INDEXES = {
     "type_pause_pkey": "CREATE UNIQUE INDEX type_pause_pkey ON {s}.type_pause USING btree (type)",
     "type_rate_pkey": "CREATE UNIQUE INDEX type_rate_pkey ON {s}.type_rate USING btree (type)",
     "type_limit_pkey": ("CREATE UNIQUE INDEX type_limit_pkey ON {s}.type_limit USING btree (type)"),
+    "type_limit_stripe_pkey": (
+        "CREATE UNIQUE INDEX type_limit_stripe_pkey ON {s}.type_limit_stripe USING btree"
+        " (type, stripe)"
+    ),
     "job_finished_idx": (
         "CREATE INDEX job_finished_idx ON {s}.job USING btree (state, stopped_at)"
         " WHERE (stopped_at IS NOT NULL)"
@@ -214,6 +224,8 @@ CHECKS = {
     ),
     ("type_limit", "type_limit_global_concurrency_check"): "CHECK ((global_concurrency > 0))",
     ("type_limit", "type_limit_key_concurrency_check"): "CHECK ((key_concurrency > 0))",
+    ("type_limit_stripe", "type_limit_stripe_stripe_check"): "CHECK ((stripe >= 0))",
+    ("type_limit_stripe", "type_limit_stripe_slots_check"): "CHECK ((slots > 0))",
     ("type_limit", "type_limit_some"): (
         "CHECK (((global_concurrency IS NOT NULL) OR (key_concurrency IS NOT NULL)))"
     ),
@@ -243,6 +255,10 @@ TRIGGERS = {
         "CREATE TRIGGER job_dependency_deleted BEFORE DELETE ON {s}.job FOR EACH ROW"
         " WHEN (old.has_dependents) EXECUTE FUNCTION {s}.job_dependency_deleted()"
     ),
+    "type_limit_restripe": (
+        "CREATE TRIGGER type_limit_restripe AFTER INSERT OR UPDATE ON {s}.type_limit"
+        " FOR EACH ROW EXECUTE FUNCTION {s}.type_limit_restripe()"
+    ),
     "job_recount_waiting": (
         "CREATE TRIGGER job_recount_waiting BEFORE UPDATE OF state ON {s}.job FOR EACH ROW"
         " WHEN (((new.depends_on IS NOT NULL) AND (old.state IS DISTINCT FROM new.state)))"
@@ -268,6 +284,11 @@ FUNCTIONS = {
     "rate_window",
     "claim_pick_keyed",
     "claim_pick_limited",
+    "limit_lock_space",
+    "limit_stripe_key",
+    "limit_lock_all",
+    "limit_take_stripe",
+    "type_limit_restripe",
 }
 
 
@@ -296,6 +317,7 @@ def assert_declared_schema(conn: Conn, s: str) -> None:
         "schedule",
         "schema_version",
         "type_limit",
+        "type_limit_stripe",
         "type_pause",
         "type_rate",
     ]
@@ -304,6 +326,7 @@ def assert_declared_schema(conn: Conn, s: str) -> None:
     assert _columns(conn, s, "type_pause") == TYPE_PAUSE_COLUMNS
     assert _columns(conn, s, "type_rate") == TYPE_RATE_COLUMNS
     assert _columns(conn, s, "type_limit") == TYPE_LIMIT_COLUMNS
+    assert _columns(conn, s, "type_limit_stripe") == TYPE_LIMIT_STRIPE_COLUMNS
     assert _columns(conn, s, "job_bundle") == BUNDLE_COLUMNS
     assert _columns(conn, s, "schedule") == SCHEDULE_COLUMNS
     assert _columns(conn, s, "schema_version") == VERSION_COLUMNS
@@ -342,6 +365,7 @@ def assert_declared_schema(conn: Conn, s: str) -> None:
         f"FOREIGN KEY (bundle_id) REFERENCES {s}.job_bundle(id) ON DELETE CASCADE",
         f"FOREIGN KEY (depends_on) REFERENCES {s}.job(id) ON DELETE CASCADE",
         f"FOREIGN KEY (job_id) REFERENCES {s}.job(id) ON DELETE CASCADE",
+        f"FOREIGN KEY (type) REFERENCES {s}.type_limit(type) ON DELETE CASCADE",
     ]
 
     triggers = conn.execute(
