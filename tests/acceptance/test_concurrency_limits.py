@@ -65,7 +65,7 @@ def test_global_concurrency_3_on_three_supervisors_with_4_procs_each(
     workers = db.execute(
         "SELECT count(DISTINCT split_part(worker_id, ':', 2)) FROM pgq.job WHERE type = 'limited'"
     ).fetchone()
-    assert workers is not None and workers[0] >= 2
+    assert workers in ((2,), (3,))  # more than one supervisor took part
     for sup in sups:
         assert sup.stop() == 0, sup.log()[-2000:]
 
