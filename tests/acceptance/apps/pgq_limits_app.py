@@ -18,3 +18,8 @@ def limited(payload: dict[str, float]) -> None:
 @registry.handler("keyed", key_concurrency=1)
 def keyed(payload: dict[str, float]) -> None:
     time.sleep(payload["seconds"])  # the job's simulated work
+
+
+@registry.handler("serial", global_concurrency=1)
+def serial(payload: dict[str, float]) -> None:
+    time.sleep(payload["seconds"])  # the job's simulated work
