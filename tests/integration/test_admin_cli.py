@@ -111,6 +111,15 @@ def test_enqueue_unique_key_returns_the_holder(dsn: str, conn: Conn) -> None:
     assert count_rows(conn) == 1
 
 
+def test_enqueue_concurrency_key(dsn: str, conn: Conn) -> None:
+    out = ok(cli(dsn, "enqueue", "sync", "{}", "--concurrency-key", "customer:42"))
+    assert get(conn, JobId(uuid.UUID(out.strip()))).concurrency_key == "customer:42"
+    bad = cli(dsn, "enqueue", "sync", "{}", "--concurrency-key", "")
+    assert bad.returncode == 2
+    assert bad.stderr.startswith("error: concurrency_key must be a string of 1 to 200")
+    assert count_rows(conn) == 1
+
+
 @pytest.mark.parametrize(
     ("args", "pattern"),
     [
