@@ -10,7 +10,9 @@ from pathlib import Path
 
 from benchmarks.report import Json
 
-GROUPS = ("enqueue", "drain", "deps", "cpu", "wake", "kill", "cancel")
+GROUPS = ("enqueue", "drain", "deps", "cpu", "wake", "kill", "cancel", "memory", "deep", "soak")
+# groups run only when named in --only (long, or made for one question)
+OPT_IN = ("deep", "soak")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -68,9 +70,10 @@ def _parser() -> argparse.ArgumentParser:
     add("--runs", type=int, default=3, help="runs per figure; a figure is their median (3)")
     add(
         "--only",
-        default=",".join(GROUPS),
+        default=",".join(g for g in GROUPS if g not in OPT_IN),
         metavar="GROUPS",
-        help=f"comma-separated groups to run, of {','.join(GROUPS)} (default: all)",
+        help=f"comma-separated groups to run, of {','.join(GROUPS)} (default: all but "
+        f"{' and '.join(OPT_IN)})",
     )
     add(
         "--peers",

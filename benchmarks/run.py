@@ -41,6 +41,7 @@ RESULTS_DIR = ROOT / "benchmarks" / "results"
 # the one non-default setting the harness measures, beside the default, for comparison
 QUIET_LOG = ("--log-level", "warning")
 DEPS_WAITING = 10_000  # the deps group: jobs left waiting in the table through a drain
+MEMORY_PROCS = 8  # the memory group: children per supervisor (issue 15)
 
 
 class Bench:
@@ -90,6 +91,9 @@ class Bench:
         if "cancel" in o.groups:
             for r in runs:
                 steps.append(self.cancel_step(r))
+        if "memory" in o.groups:
+            for r in runs:
+                steps.append(self.memory_step(r))
         self.layout()
         return steps
 
@@ -172,6 +176,7 @@ class Bench:
             # the machine's own scaling: when it is low too, the cores were not free
             self.order.append(Ratio("2 / 1, no queue", ("cpu.bare_procs_2",), "cpu.bare_procs_1"))
         self.order += ["wake.p50", "wake.p99", "kill.rerun", "cancel.free", "rss.idle"]
+        self.order += [f"mem.{k}" for k in ("uss", "pss", "rss", "startup", "respawn")]
         self.results.ratios = [r for r in self.order if isinstance(r, Ratio)]
 
     # ---- steps ----
@@ -440,6 +445,38 @@ class Bench:
         return Step(
             f"run {r}/{o.runs} cancel → child free: {o.cancels} cancels, --procs 1", action, (m,)
         )
+
+    def memory_step(self, r: int) -> Step:
+        o = self.opts
+        procs = MEMORY_PROCS
+        res = self.results
+        uss = res.measure(
+            "mem.uss", f"USS of an idle child ({procs} procs, largest)", "MiB", Target("<=", 10)
+        )
+        pss = res.measure("mem.pss", f"PSS of an idle child ({procs} procs, largest)", "MiB")
+        rss = res.measure("mem.rss", f"RSS of an idle child ({procs} procs, largest)", "MiB")
+        startup = res.measure(
+            "mem.startup", f"start → {procs} children idle (spawn to ready)", "ms"
+        )
+        respawn = res.measure("mem.respawn", "SIGKILL of an idle child → its successor idle", "ms")
+
+        def action() -> str:
+            m = probes.run_memory(self.dsn, procs, o.supervisor_args)
+            uss.add(m.largest("Uss"), m.details())
+            pss.add(m.largest("Pss"))
+            rss.add(m.largest("VmRSS"))
+            startup.add(m.startup_s * 1000)
+            respawn.add(m.respawn_ms)
+            return (
+                f"idle child USS {m.largest('Uss'):.1f} MiB, PSS {m.largest('Pss'):.1f} MiB,"
+                f" RSS {m.largest('VmRSS'):.1f} MiB; {procs} idle after {m.startup_s:.2f} s;"
+                f" respawn {m.respawn_ms:.0f} ms"
+            )
+
+        return Step(
+            f"run {r}/{o.runs} memory: {procs} idle children", action,
+            (uss, pss, rss, startup, respawn),
+        )  # fmt: skip
 
 
 def git_state() -> dict[str, Json]:
