@@ -419,9 +419,10 @@ WHERE state = 'pending' AND waiting_on = 0 AND start_at <= now()
 
 -- name: next_due
 -- Seconds until the earliest delayed job of the served types becomes eligible (a waiting job
--- becomes eligible when its last dependency succeeds, which notifies).
+-- becomes eligible when its last dependency succeeds, which notifies). `start_at > created_at`
+-- leaves out only jobs that were due when inserted, and lets job_delayed_idx serve the query.
 SELECT extract(epoch FROM min(start_at) - now())::float8 FROM {schema}.job
-WHERE state = 'pending' AND waiting_on = 0 AND start_at > now()
+WHERE state = 'pending' AND waiting_on = 0 AND start_at > now() AND start_at > created_at
   AND type = ANY(%(types)s::text[])
 
 -- name: now

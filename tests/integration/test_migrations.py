@@ -128,6 +128,11 @@ INDEXES = {
         "CREATE INDEX job_finished_idx ON {s}.job USING btree (state, stopped_at)"
         " WHERE (stopped_at IS NOT NULL)"
     ),
+    "job_delayed_idx": (
+        "CREATE INDEX job_delayed_idx ON {s}.job USING btree (start_at, type)"
+        " WHERE ((state = 'pending'::{s}.job_state) AND (waiting_on = 0)"
+        " AND (start_at > created_at))"
+    ),
 }
 _TERMINAL = "ARRAY['succeeded'::{s}.job_state, 'failed'::{s}.job_state, 'cancelled'::{s}.job_state]"
 CHECKS = {
