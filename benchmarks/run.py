@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from types import FrameType
 from typing import NoReturn
 
-from benchmarks import drain, enqueue, peers, probes
+from benchmarks import deep, drain, enqueue, peers, probes
 from benchmarks.apps import calibrate_spin
 from benchmarks.options import Options, parse_args
 from benchmarks.procs import ROOT
@@ -94,6 +94,9 @@ class Bench:
         if "memory" in o.groups:
             for r in runs:
                 steps.append(self.memory_step(r))
+        if "deep" in o.groups:
+            for r in runs:
+                steps += self.deep_steps(r)
         self.layout()
         return steps
 
@@ -177,6 +180,14 @@ class Bench:
             self.order.append(Ratio("2 / 1, no queue", ("cpu.bare_procs_2",), "cpu.bare_procs_1"))
         self.order += ["wake.p50", "wake.p99", "kill.rerun", "cancel.free", "rss.idle"]
         self.order += [f"mem.{k}" for k in ("uss", "pss", "rss", "startup", "respawn")]
+        if "deep" in self.opts.groups:
+            self.order += [
+                "deep.fresh",
+                "deep.behind",
+                Ratio("behind / fresh", ("deep.behind",), "deep.fresh", Target(">=", 0.8)),
+                "deep.next_due",
+                "deep.claim",
+            ]
         self.results.ratios = [r for r in self.order if isinstance(r, Ratio)]
 
     # ---- steps ----
@@ -445,6 +456,52 @@ class Bench:
         return Step(
             f"run {r}/{o.runs} cancel → child free: {o.cancels} cancels, --procs 1", action, (m,)
         )
+
+    def deep_steps(self, r: int) -> list[Step]:
+        o = self.opts
+        res = self.results
+        n, old = o.deep_pending, o.deep_finished
+        fresh = res.measure("deep.fresh", f"drain {n:,} jobs, 2 procs, fresh table", "jobs/s")
+        behind = res.measure(
+            "deep.behind", f"drain {n:,} jobs, 2 procs, behind {old:,} finished", "jobs/s"
+        )
+        due = res.measure(
+            "deep.next_due",
+            f"earliest-due query (each poll): added by {o.deep_delayed:,} delayed jobs",
+            "ms",
+            Target("<=", 1),
+        )
+        claim = res.measure(
+            "deep.claim",
+            f"claim of 10 ready jobs: added by {o.deep_delayed:,} delayed jobs enqueued before",
+            "ms",
+            Target("<=", 1),
+        )
+
+        def delayed() -> str:
+            d = deep.run_delayed(self.dsn, o.deep_delayed, o.deep_samples)
+            due.add(d.next_due_added_ms, d.details())
+            claim.add(d.claim_added_ms, d.details())
+            return (
+                f"next_due {d.without.next_due_ms:.3f} → {d.with_delayed.next_due_ms:.3f} ms,"
+                f" claim {d.without.claim_ms:.3f} → {d.with_delayed.claim_ms:.3f} ms"
+            )
+
+        tag = f"run {r}/{o.runs} deep:"
+        return [
+            self.drained_step(
+                f"{tag} drain {n:,} jobs, --procs 2, fresh table", fresh,
+                lambda: deep.drain_behind(self.dsn, n, 0),
+            ),
+            self.drained_step(
+                f"{tag} drain {n:,} jobs, --procs 2, behind {old:,} finished", behind,
+                lambda: deep.drain_behind(self.dsn, n, old),
+            ),
+            Step(
+                f"{tag} {o.deep_samples} polls without and with {o.deep_delayed:,} delayed jobs",
+                delayed, (due, claim),
+            ),
+        ]  # fmt: skip
 
     def memory_step(self, r: int) -> Step:
         o = self.opts
