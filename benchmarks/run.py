@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from types import FrameType
 from typing import NoReturn
 
-from benchmarks import deep, drain, enqueue, peers, probes
+from benchmarks import deep, drain, enqueue, peers, probes, soak
 from benchmarks.apps import calibrate_spin
 from benchmarks.options import Options, parse_args
 from benchmarks.procs import ROOT
@@ -97,6 +97,9 @@ class Bench:
         if "deep" in o.groups:
             for r in runs:
                 steps += self.deep_steps(r)
+        if "soak" in o.groups:
+            for r in runs:
+                steps.append(self.soak_step(r))
         self.layout()
         return steps
 
@@ -188,6 +191,8 @@ class Bench:
                 "deep.next_due",
                 "deep.claim",
             ]
+        if "soak" in self.opts.groups:
+            self.order += ["soak.throughput", "soak.size", "soak.backlog"]
         self.results.ratios = [r for r in self.order if isinstance(r, Ratio)]
 
     # ---- steps ----
@@ -503,6 +508,52 @@ class Bench:
             ),
         ]  # fmt: skip
 
+    def soak_step(self, r: int) -> Step:
+        o = self.opts
+        res = self.results
+        flags = f"--procs {soak.PROCS} --retain-succeeded {soak.RETAIN} (not default)"
+        throughput = res.measure(
+            "soak.throughput",
+            f"soak {o.minutes:g} min, {flags}: last minute / minute 2, jobs/s",
+            "x",
+            Target(">=", 0.9),
+        )
+        size = res.measure(
+            "soak.size", "soak: table + indexes at the end / at minute 2", "x", Target("<=", 2)
+        )
+        backlog = res.measure(
+            "soak.backlog",
+            "soak: backlog growth, minute 2 → end, in seconds of production",
+            "s",
+            Target("<=", 1),
+        )
+
+        def action() -> str:
+            s = soak.run_soak(self.dsn, o.minutes, o.drain_jobs, o.supervisor_args)
+            details = s.details()
+            out = o.output or RESULTS_DIR / datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ.json")
+            png = out.with_name(f"{out.stem}-soak-run{r}.png")
+            try:
+                details["plot"] = str(soak.plot(s, png))
+            except ImportError as exc:
+                details["plot"] = f"no plot: {exc} (the `bench` extra has matplotlib)"
+            throughput.add(s.throughput_ratio, details)
+            size.add(s.size_ratio)
+            backlog.add(s.backlog_growth_s)
+            res.notes.append(f"soak run {r}:\n{s.table()}\nplot: {details['plot']}")
+            print(s.table(), file=sys.stderr)
+            return (
+                f"{s.target_rate:,.0f} jobs/s offered (70% of {s.capacity:,.0f});"
+                f" last/2nd minute {s.throughput_ratio:.2f}, size x{s.size_ratio:.2f},"
+                f" backlog {s.backlog_growth_s:+.1f} s; plot {details['plot']}"
+            )
+
+        return Step(
+            f"run {r}/{o.runs} soak: {o.minutes:g} minutes at 70% of the drain, {flags}",
+            action,
+            (throughput, size, backlog),
+        )
+
     def memory_step(self, r: int) -> Step:
         o = self.opts
         procs = MEMORY_PROCS
@@ -612,6 +663,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         scratch.close()
     text = table(bench.results, bench.order)
     print(text)
+    for note in bench.results.notes:
+        print()
+        print(note)
     if opts.markdown:
         print()
         print(markdown(bench.results, bench.order))
