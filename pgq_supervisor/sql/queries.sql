@@ -412,10 +412,15 @@ GROUP BY type, state
 ORDER BY type, state
 
 -- name: depth
--- Ready jobs: what an autoscaler should size workers for.
-SELECT count(*)::int FROM {schema}.job
-WHERE state = 'pending' AND waiting_on = 0 AND start_at <= now()
-  AND (%(type)s::text IS NULL OR type = %(type)s)
+-- Ready jobs: what an autoscaler should size workers for. Two counts, one per index that holds
+-- ready jobs (schema/0009): those due when inserted (job_claim_idx) and delayed ones that have
+-- come due (job_delayed_idx).
+SELECT ((SELECT count(*) FROM {schema}.job
+         WHERE state = 'pending' AND waiting_on = 0 AND start_at <= created_at
+           AND start_at <= now() AND (%(type)s::text IS NULL OR type = %(type)s))
+      + (SELECT count(*) FROM {schema}.job
+         WHERE state = 'pending' AND waiting_on = 0 AND start_at > created_at
+           AND start_at <= now() AND (%(type)s::text IS NULL OR type = %(type)s)))::int
 
 -- name: next_due
 -- Seconds until the earliest delayed job of the served types becomes eligible (a waiting job

@@ -76,6 +76,32 @@ def test_the_earliest_due_job_is_one_descent_of_job_delayed_idx(conn: Conn) -> N
     assert row is not None and 0 < row[0] <= 2.0  # the job of type b due in 1 s
 
 
+def test_a_claim_behind_many_delayed_jobs_reads_a_few_pages(conn: Conn) -> None:
+    """Delayed jobs enqueued before the ready ones are not in the claim's walk, and the due
+    ones come from a range of job_delayed_idx that stops at now()."""
+    conn.execute(DELAYED)
+    conn.execute(READY)
+    conn.execute(
+        "INSERT INTO pgq.job (type, payload, start_at, created_at)"
+        " SELECT 'a', '{}', now() - interval '1 minute', now() - interval '2 hours'"
+        " FROM generate_series(1, 5)"
+    )  # due a minute ago: in job_delayed_idx, before every ready job in the claim's order
+    conn.execute("VACUUM ANALYZE pgq.job")
+    ready = _pick_plan(conn, ["a"], 10, analyze="ANALYZE, BUFFERS, ")
+    assert [s.get("Index Name") for s in _job_scans(ready)] == ["job_claim_idx"], ready
+    assert _buffers(ready[0]) <= MAX_BUFFERS, ready[0]
+    due = _pick_plan(conn, ["a"], 10, analyze="ANALYZE, BUFFERS, ", due=True)
+    assert [s.get("Index Name") for s in _job_scans(due)] == ["job_delayed_idx"], due
+    assert due[0]["Actual Rows"] == 5
+    assert _buffers(due[0]) <= MAX_BUFFERS, due[0]
+    with conn.transaction(force_rollback=True):
+        row = conn.execute(
+            "SELECT count(*) FILTER (WHERE created_at < now() - interval '90 minutes'), count(*)"
+            " FROM pgq.job WHERE id = ANY(pgq.claim_pick(ARRAY['a'], 10))"
+        ).fetchone()
+    assert row == (5, 10)  # the 5 due first (oldest), then 5 of the ready ones
+
+
 def test_jobs_enqueued_to_run_at_once_stay_out_of_job_delayed_idx(conn: Conn) -> None:
     """Only delayed (and retried, reset, released) jobs pay for the index."""
     conn.execute(READY)

@@ -100,7 +100,8 @@ INDEXES = {
     ),
     "job_claim_idx": (
         "CREATE INDEX job_claim_idx ON {s}.job USING btree (priority DESC, created_at, id)"
-        " WHERE ((state = 'pending'::{s}.job_state) AND (waiting_on = 0))"
+        " WHERE ((state = 'pending'::{s}.job_state) AND (waiting_on = 0)"
+        " AND (start_at <= created_at))"
     ),
     "job_unique_key_idx": (
         "CREATE UNIQUE INDEX job_unique_key_idx ON {s}.job USING btree (unique_key)"
