@@ -62,7 +62,7 @@ RETURNING id, type, origin, num_jobs, num_jobs_stopped, on_complete, created_at,
 -- rows other workers hold, and marks them running under a fresh lease. The rows come back in
 -- that order (RETURNING has none of its own), the order the worker runs them in.
 -- claim_pick (schema/0003) locks the rows, walking job_claim_idx in order with its plan
--- pinned; the update then finds them by primary key (a join to a CTE here made the planner
+-- pinned (and, since schema/0009, merging in delayed jobs come due, from job_delayed_idx); the update then finds them by primary key (a join to a CTE here made the planner
 -- hash-join a sequential scan of the whole table). A job enqueued without max_retry_count gets
 -- its handler's default here.
 WITH claimed AS (
