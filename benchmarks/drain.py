@@ -17,7 +17,7 @@ import multiprocessing
 import multiprocessing.queues
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import psycopg
@@ -33,8 +33,9 @@ from pgq_supervisor.jobs import JsonValue
 
 GATE_TIMEOUT = 60.0
 BLOCKER = "bench_blocker"  # a type no benchmark worker serves
-# the drained jobs: neither the blocker nor the jobs waiting for it
-DRAINED = "depends_on IS NULL AND NOT has_dependents"
+FINISHED = "bench_finished"  # rows of a deep table, finished before the drain (deep.py)
+# the drained jobs: neither the blocker, the jobs waiting for it, nor finished filler
+DRAINED = f"depends_on IS NULL AND NOT has_dependents AND type <> '{FINISHED}'"
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,9 +106,14 @@ def run_drain(
     gate: bool = True,
     supervisor_args: Sequence[str] = (),
     waiting: int = 0,
+    prefill: Callable[[], None] | None = None,
 ) -> Drained:
-    """One timed drain of `n` pre-enqueued jobs by a supervisor with `procs` children."""
-    fill(dsn, n, job_type, {} if payload is None else payload, waiting)
+    """One timed drain of `n` pre-enqueued jobs by a supervisor with `procs` children.
+    `prefill` replaces the enqueue of the `n` jobs (deep.py fills the table in SQL)."""
+    if prefill is None:
+        fill(dsn, n, job_type, {} if payload is None else payload, waiting)
+    else:
+        prefill()
     start_gate = StartGate(dsn, "pgq.job", "pgq-worker") if gate else None
     opened_at: float | None = None
     try:

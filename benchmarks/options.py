@@ -10,7 +10,21 @@ from pathlib import Path
 
 from benchmarks.report import Json
 
-GROUPS = ("enqueue", "drain", "deps", "limits", "cpu", "wake", "kill", "cancel")
+GROUPS = (
+    "enqueue",
+    "drain",
+    "deps",
+    "limits",
+    "cpu",
+    "wake",
+    "kill",
+    "cancel",
+    "memory",
+    "deep",
+    "soak",
+)
+# groups run only when named in --only (long, or made for one question)
+OPT_IN = ("deep", "soak")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -29,6 +43,11 @@ class Options:
     cpu_ms: float
     cpu_jobs_per_proc: int
     start_gate: bool
+    deep_pending: int
+    deep_finished: int
+    deep_delayed: int
+    deep_samples: int
+    minutes: float
     supervisor_args: tuple[str, ...]
     output: Path | None
     markdown: bool
@@ -49,6 +68,11 @@ class Options:
             "cpu_ms": self.cpu_ms,
             "cpu_jobs_per_proc": self.cpu_jobs_per_proc,
             "start_gate": self.start_gate,
+            "deep_pending": self.deep_pending,
+            "deep_finished": self.deep_finished,
+            "deep_delayed": self.deep_delayed,
+            "deep_samples": self.deep_samples,
+            "minutes": self.minutes,
             "supervisor_args": list(self.supervisor_args),
         }
 
@@ -68,9 +92,10 @@ def _parser() -> argparse.ArgumentParser:
     add("--runs", type=int, default=3, help="runs per figure; a figure is their median (3)")
     add(
         "--only",
-        default=",".join(GROUPS),
+        default=",".join(g for g in GROUPS if g not in OPT_IN),
         metavar="GROUPS",
-        help=f"comma-separated groups to run, of {','.join(GROUPS)} (default: all)",
+        help=f"comma-separated groups to run, of {','.join(GROUPS)} (default: all but "
+        f"{' and '.join(OPT_IN)})",
     )
     add(
         "--peers",
@@ -98,6 +123,31 @@ def _parser() -> argparse.ArgumentParser:
     add("--cpu-ms", type=float, default=20.0, help="CPU-bound: job length in ms (20)")
     add(
         "--cpu-jobs-per-proc", type=int, default=100, help="CPU-bound: jobs per run per child (100)"
+    )
+    add(
+        "--deep-pending",
+        type=int,
+        default=1_000_000,
+        help="deep: pending jobs drained, fresh and behind the finished ones (1,000,000)",
+    )
+    add(
+        "--deep-finished",
+        type=int,
+        default=5_000_000,
+        help="deep: finished jobs in the table before the pending ones (5,000,000)",
+    )
+    add(
+        "--deep-delayed",
+        type=int,
+        default=1_000_000,
+        help="deep: delayed jobs, due over the next day, behind a poll (1,000,000)",
+    )
+    add("--deep-samples", type=int, default=200, help="deep: polls timed per table (200)")
+    add(
+        "--minutes",
+        type=float,
+        default=10.0,
+        help="soak: how long producers and workers run (10); a row per minute",
     )
     add(
         "--cold-start",
@@ -128,11 +178,15 @@ def parse_args(argv: Sequence[str]) -> Options:
     except ValueError:
         p.error(f"--procs must be comma-separated integers, got {ns.procs!r}")
     counts = [ns.runs, ns.drain_jobs, ns.single_jobs, ns.bulk_jobs, ns.wake_samples, ns.kills,
-              ns.cancels]  # fmt: skip
+              ns.cancels, ns.deep_pending, ns.deep_delayed, ns.deep_samples]  # fmt: skip
     if not procs or min(procs) < 1 or min(counts) < 1 or ns.cpu_jobs_per_proc < 1:
         p.error("--runs, --procs and every job or sample count must be at least 1")
     if not ns.cpu_ms > 0:
         p.error("--cpu-ms must be > 0")
+    if ns.deep_finished < 0:
+        p.error("--deep-finished must be at least 0")
+    if not ns.minutes >= 2:
+        p.error("--minutes must be at least 2 (the soak compares the last minute with the second)")
     try:
         extra = tuple(shlex.split(ns.supervisor_args))
     except ValueError as exc:
@@ -152,6 +206,11 @@ def parse_args(argv: Sequence[str]) -> Options:
         cpu_ms=ns.cpu_ms,
         cpu_jobs_per_proc=ns.cpu_jobs_per_proc,
         start_gate=not ns.cold_start,
+        deep_pending=ns.deep_pending,
+        deep_finished=ns.deep_finished,
+        deep_delayed=ns.deep_delayed,
+        deep_samples=ns.deep_samples,
+        minutes=ns.minutes,
         supervisor_args=extra,
         output=ns.output,
         markdown=ns.markdown,

@@ -1,5 +1,5 @@
 """Latency probes against a running supervisor: wake-up, SIGKILL to rerun, idle RSS, cancel of
-a running job to a free child.
+a running job to a free child; the memory of idle children and their start-up time.
 
 Times that cross processes are wall-clock (time.time()) on the one host: the harness stamps
 the enqueue commit or the kill, the handler stamps its own start.
@@ -23,7 +23,15 @@ from psycopg.rows import TupleRow
 import pgq_supervisor as pgq
 from benchmarks.apps import BUSY, CRASH, WAKE
 from benchmarks.enqueue import reset
-from benchmarks.procs import BenchError, ProcInfo, Supervisor, memory_kib, running, wait_for
+from benchmarks.procs import (
+    BenchError,
+    ProcInfo,
+    Supervisor,
+    descendants,
+    memory_kib,
+    running,
+    wait_for,
+)
 from benchmarks.report import Json
 from benchmarks.server import SCHEMA
 
@@ -120,6 +128,62 @@ def run_wake(
         if code != 0:
             raise BenchError(f"supervisor exited {code} on SIGTERM: {sup.log_tail(3)}")
     return WakeRun(latencies, rss)
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryRun:
+    procs: int
+    startup_s: float  # supervisor started → every child idle (booted, connected, first claim)
+    respawn_ms: float  # SIGKILL of an idle child → its successor idle
+    children_kib: list[dict[str, int]]  # one per idle child: VmRSS, Rss, Pss, Uss, ...
+    server_kib: dict[str, int]  # the fork server the children share pages with
+
+    def largest(self, key: str) -> float:
+        """The largest `key` (Uss, Pss, VmRSS) of the idle children, in MiB."""
+        return max(c.get(key, 0) for c in self.children_kib) / 1024
+
+    def details(self) -> dict[str, Json]:
+        return {
+            "procs": self.procs,
+            "startup_s": round(self.startup_s, 3),
+            "respawn_ms": round(self.respawn_ms, 1),
+            "children_kib": [dict(c) for c in self.children_kib],
+            "forkserver_kib": dict(self.server_kib),
+        }
+
+
+def run_memory(dsn: str, procs: int = 8, supervisor_args: Sequence[str] = ()) -> MemoryRun:
+    """Start a supervisor with `procs` children and time it until every child is idle; read
+    each idle child's memory from /proc (RSS, PSS, USS); then SIGKILL one idle child and time
+    until its successor is idle."""
+    reset(dsn)
+    started = time.monotonic()
+    with running(Supervisor(dsn, procs, supervisor_args)) as sup:
+        workers = sup.wait_idle()
+        startup = time.monotonic() - started
+        time.sleep(0.5)  # let the first claims' garbage settle before reading memory
+        workers = sup.wait_idle()
+        memory = [memory_kib(w.pid) for w in workers]
+        servers = [p for p in descendants(sup.pid) if p.title.startswith("pgq-forkserver")]
+        server = memory_kib(servers[0].pid) if servers else {}
+        victim = workers[0]
+        killed_at = time.monotonic()
+        os.kill(victim.pid, signal.SIGKILL)
+
+        def successor() -> bool:
+            now = sup.workers()
+            return (
+                victim.pid not in {w.pid for w in now}
+                and len(now) == procs
+                and all(w.title.endswith(" idle") for w in now)
+            )
+
+        wait_for("the killed child's successor idle", successor, 30.0, 0.001)
+        respawn = (time.monotonic() - killed_at) * 1000
+        code = sup.stop()
+        if code != 0:
+            raise BenchError(f"supervisor exited {code} on SIGTERM: {sup.log_tail(3)}")
+    return MemoryRun(procs, startup, respawn, memory, server)
 
 
 def wait_stopped(listen: psycopg.Connection[TupleRow], job_id: str) -> None:

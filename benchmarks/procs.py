@@ -69,8 +69,20 @@ def children_of(pid: int) -> list[ProcInfo]:
     return out
 
 
+def descendants(pid: int) -> list[ProcInfo]:
+    """Children of `pid`, and theirs, and so on (the workers are the fork server's children)."""
+    out = []
+    todo = [pid]
+    while todo:
+        found = children_of(todo.pop())
+        out += found
+        todo += [c.pid for c in found]
+    return out
+
+
 def memory_kib(pid: int) -> dict[str, int]:
-    """VmRSS from /proc/<pid>/status and Pss from smaps_rollup, in KiB."""
+    """VmRSS from /proc/<pid>/status; Rss, Pss and USS (Private_Clean + Private_Dirty) from
+    smaps_rollup, in KiB."""
     found: dict[str, int] = {}
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -79,8 +91,11 @@ def memory_kib(pid: int) -> dict[str, int]:
                 found[key] = int(value.split()[0])
     with contextlib.suppress(OSError), open(f"/proc/{pid}/smaps_rollup") as f:
         for line in f:
-            if line.startswith("Pss:"):
-                found["Pss"] = int(line.split()[1])
+            key, _, value = line.partition(":")
+            if key in ("Rss", "Pss", "Private_Clean", "Private_Dirty"):
+                found[key] = int(value.split()[0])
+    if "Private_Clean" in found and "Private_Dirty" in found:
+        found["Uss"] = found["Private_Clean"] + found["Private_Dirty"]
     return found
 
 
@@ -174,7 +189,7 @@ class Supervisor(Process):
         self.procs = procs
 
     def workers(self) -> list[ProcInfo]:
-        return [c for c in children_of(self.pid) if c.title.startswith("pgq-worker[")]
+        return [c for c in descendants(self.pid) if c.title.startswith("pgq-worker[")]
 
     def wait_idle(self, timeout: float = 60.0) -> list[ProcInfo]:
         """Wait until all `procs` children exist and show the idle title; returns them."""

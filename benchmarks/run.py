@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from types import FrameType
 from typing import NoReturn
 
-from benchmarks import drain, enqueue, peers, probes
+from benchmarks import deep, drain, enqueue, peers, probes, soak
 from benchmarks.apps import LIMIT, calibrate_spin
 from benchmarks.options import Options, parse_args
 from benchmarks.procs import ROOT
@@ -41,6 +41,7 @@ RESULTS_DIR = ROOT / "benchmarks" / "results"
 # the one non-default setting the harness measures, beside the default, for comparison
 QUIET_LOG = ("--log-level", "warning")
 DEPS_WAITING = 10_000  # the deps group: jobs left waiting in the table through a drain
+MEMORY_PROCS = 8  # the memory group: children per supervisor (issue 15)
 
 
 class Bench:
@@ -93,6 +94,15 @@ class Bench:
         if "cancel" in o.groups:
             for r in runs:
                 steps.append(self.cancel_step(r))
+        if "memory" in o.groups:
+            for r in runs:
+                steps.append(self.memory_step(r))
+        if "deep" in o.groups:
+            for r in runs:
+                steps += self.deep_steps(r)
+        if "soak" in o.groups:
+            for r in runs:
+                steps.append(self.soak_step(r))
         self.layout()
         return steps
 
@@ -183,6 +193,17 @@ class Bench:
             # the machine's own scaling: when it is low too, the cores were not free
             self.order.append(Ratio("2 / 1, no queue", ("cpu.bare_procs_2",), "cpu.bare_procs_1"))
         self.order += ["wake.p50", "wake.p99", "kill.rerun", "cancel.free", "rss.idle"]
+        self.order += [f"mem.{k}" for k in ("uss", "pss", "rss", "startup", "respawn")]
+        if "deep" in self.opts.groups:
+            self.order += [
+                "deep.fresh",
+                "deep.behind",
+                Ratio("behind / fresh", ("deep.behind",), "deep.fresh", Target(">=", 0.8)),
+                "deep.next_due",
+                "deep.claim",
+            ]
+        if "soak" in self.opts.groups:
+            self.order += ["soak.throughput", "soak.size", "soak.backlog"]
         self.results.ratios = [r for r in self.order if isinstance(r, Ratio)]
 
     # ---- steps ----
@@ -480,6 +501,130 @@ class Bench:
             f"run {r}/{o.runs} cancel → child free: {o.cancels} cancels, --procs 1", action, (m,)
         )
 
+    def deep_steps(self, r: int) -> list[Step]:
+        o = self.opts
+        res = self.results
+        n, old = o.deep_pending, o.deep_finished
+        fresh = res.measure("deep.fresh", f"drain {n:,} jobs, 2 procs, fresh table", "jobs/s")
+        behind = res.measure(
+            "deep.behind", f"drain {n:,} jobs, 2 procs, behind {old:,} finished", "jobs/s"
+        )
+        due = res.measure(
+            "deep.next_due",
+            f"earliest-due query (each poll): added by {o.deep_delayed:,} delayed jobs",
+            "ms",
+            Target("<=", 1),
+        )
+        claim = res.measure(
+            "deep.claim",
+            f"claim of 10 ready jobs: added by {o.deep_delayed:,} delayed jobs enqueued before",
+            "ms",
+            Target("<=", 1),
+        )
+
+        def delayed() -> str:
+            d = deep.run_delayed(self.dsn, o.deep_delayed, o.deep_samples)
+            due.add(d.next_due_added_ms, d.details())
+            claim.add(d.claim_added_ms, d.details())
+            return (
+                f"next_due {d.without.next_due_ms:.3f} → {d.with_delayed.next_due_ms:.3f} ms,"
+                f" claim {d.without.claim_ms:.3f} → {d.with_delayed.claim_ms:.3f} ms"
+            )
+
+        tag = f"run {r}/{o.runs} deep:"
+        return [
+            self.drained_step(
+                f"{tag} drain {n:,} jobs, --procs 2, fresh table", fresh,
+                lambda: deep.drain_behind(self.dsn, n, 0),
+            ),
+            self.drained_step(
+                f"{tag} drain {n:,} jobs, --procs 2, behind {old:,} finished", behind,
+                lambda: deep.drain_behind(self.dsn, n, old),
+            ),
+            Step(
+                f"{tag} {o.deep_samples} polls without and with {o.deep_delayed:,} delayed jobs",
+                delayed, (due, claim),
+            ),
+        ]  # fmt: skip
+
+    def soak_step(self, r: int) -> Step:
+        o = self.opts
+        res = self.results
+        flags = f"--procs {soak.PROCS} --retain-succeeded {soak.RETAIN} (not default)"
+        throughput = res.measure(
+            "soak.throughput",
+            f"soak {o.minutes:g} min, {flags}: last minute / minute 2, jobs/s",
+            "x",
+            Target(">=", 0.9),
+        )
+        size = res.measure(
+            "soak.size", "soak: table + indexes at the end / at minute 2", "x", Target("<=", 2)
+        )
+        backlog = res.measure(
+            "soak.backlog",
+            "soak: backlog growth, minute 2 → end, in seconds of production",
+            "s",
+            Target("<=", 1),
+        )
+
+        def action() -> str:
+            s = soak.run_soak(self.dsn, o.minutes, o.drain_jobs, o.supervisor_args)
+            details = s.details()
+            out = o.output or RESULTS_DIR / datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ.json")
+            png = out.with_name(f"{out.stem}-soak-run{r}.png")
+            try:
+                details["plot"] = str(soak.plot(s, png))
+            except ImportError as exc:
+                details["plot"] = f"no plot: {exc} (the `bench` extra has matplotlib)"
+            throughput.add(s.throughput_ratio, details)
+            size.add(s.size_ratio)
+            backlog.add(s.backlog_growth_s)
+            res.notes.append(f"soak run {r}:\n{s.table()}\nplot: {details['plot']}")
+            print(s.table(), file=sys.stderr)
+            return (
+                f"{s.target_rate:,.0f} jobs/s offered (70% of {s.capacity:,.0f});"
+                f" last/2nd minute {s.throughput_ratio:.2f}, size x{s.size_ratio:.2f},"
+                f" backlog {s.backlog_growth_s:+.1f} s; plot {details['plot']}"
+            )
+
+        return Step(
+            f"run {r}/{o.runs} soak: {o.minutes:g} minutes at 70% of the drain, {flags}",
+            action,
+            (throughput, size, backlog),
+        )
+
+    def memory_step(self, r: int) -> Step:
+        o = self.opts
+        procs = MEMORY_PROCS
+        res = self.results
+        uss = res.measure(
+            "mem.uss", f"USS of an idle child ({procs} procs, largest)", "MiB", Target("<=", 10)
+        )
+        pss = res.measure("mem.pss", f"PSS of an idle child ({procs} procs, largest)", "MiB")
+        rss = res.measure("mem.rss", f"RSS of an idle child ({procs} procs, largest)", "MiB")
+        startup = res.measure(
+            "mem.startup", f"start → {procs} children idle (spawn to ready)", "ms"
+        )
+        respawn = res.measure("mem.respawn", "SIGKILL of an idle child → its successor idle", "ms")
+
+        def action() -> str:
+            m = probes.run_memory(self.dsn, procs, o.supervisor_args)
+            uss.add(m.largest("Uss"), m.details())
+            pss.add(m.largest("Pss"))
+            rss.add(m.largest("VmRSS"))
+            startup.add(m.startup_s * 1000)
+            respawn.add(m.respawn_ms)
+            return (
+                f"idle child USS {m.largest('Uss'):.1f} MiB, PSS {m.largest('Pss'):.1f} MiB,"
+                f" RSS {m.largest('VmRSS'):.1f} MiB; {procs} idle after {m.startup_s:.2f} s;"
+                f" respawn {m.respawn_ms:.0f} ms"
+            )
+
+        return Step(
+            f"run {r}/{o.runs} memory: {procs} idle children", action,
+            (uss, pss, rss, startup, respawn),
+        )  # fmt: skip
+
 
 def git_state() -> dict[str, Json]:
     def git(*args: str) -> str:
@@ -557,6 +702,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         scratch.close()
     text = table(bench.results, bench.order)
     print(text)
+    for note in bench.results.notes:
+        print()
+        print(note)
     if opts.markdown:
         print()
         print(markdown(bench.results, bench.order))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import enum
 import multiprocessing
+import os
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -42,11 +43,24 @@ class Process(Protocol):
 Spawner = Callable[[ChildSpec, JobSlot], tuple[Process, Connection]]
 
 
+# Children are forked by multiprocessing's fork server, which imports pgq_supervisor.preload
+# (and through it psycopg, pydantic, the child's code and the app) once: see preload.py.
+_FORKSERVER = multiprocessing.get_context("forkserver")
+PRELOAD = ["pgq_supervisor.preload"]
+# The app the fork server preloads ("package.module:registry"): read from its environment,
+# which is ours when it starts.
+PRELOAD_APP_ENV = "_PGQ_PRELOAD_APP"  # no PGQ_ prefix: not a setting
+
+
 def spawn_process(spec: ChildSpec, slot: JobSlot) -> tuple[Process, Connection]:
-    """Start a fresh interpreter (spawn: it inherits no connection, lock or thread)."""
-    ctx = multiprocessing.get_context("spawn")
-    ours, theirs = ctx.Pipe(duplex=True)
-    proc: BaseProcess = ctx.Process(
+    """Fork a child from the preloaded fork server (started, on first use, as a fresh
+    interpreter: it inherits no connection, lock or thread, and the children share its pages)."""
+    # Both only matter when the fork server starts (first use, or after it died): a process
+    # that later runs another app (tests) has the child import it at boot.
+    os.environ[PRELOAD_APP_ENV] = spec.app
+    _FORKSERVER.set_forkserver_preload(PRELOAD)
+    ours, theirs = _FORKSERVER.Pipe(duplex=True)
+    proc: BaseProcess = _FORKSERVER.Process(
         target=child_main, args=(spec, theirs, slot), name=f"pgq-worker[{spec.index}]"
     )
     proc.start()

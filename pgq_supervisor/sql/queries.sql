@@ -65,7 +65,7 @@ RETURNING id, type, origin, num_jobs, num_jobs_stopped, on_complete, created_at,
 -- rows other workers hold, and marks them running under a fresh lease. The rows come back in
 -- that order (RETURNING has none of its own), the order the worker runs them in.
 -- claim_pick (schema/0003) locks the rows, walking job_claim_idx in order with its plan
--- pinned; the update then finds them by primary key (a join to a CTE here made the planner
+-- pinned (and, since schema/0009, merging in delayed jobs come due, from job_delayed_idx); the update then finds them by primary key (a join to a CTE here made the planner
 -- hash-join a sequential scan of the whole table). A job enqueued without max_retry_count gets
 -- its handler's default here.
 WITH claimed AS (
@@ -417,16 +417,22 @@ GROUP BY type, state
 ORDER BY type, state
 
 -- name: depth
--- Ready jobs: what an autoscaler should size workers for.
-SELECT count(*)::int FROM {schema}.job
-WHERE state = 'pending' AND waiting_on = 0 AND start_at <= now()
-  AND (%(type)s::text IS NULL OR type = %(type)s)
+-- Ready jobs: what an autoscaler should size workers for. Two counts, one per index that holds
+-- ready jobs (schema/0009): those due when inserted (job_claim_idx) and delayed ones that have
+-- come due (job_delayed_idx).
+SELECT ((SELECT count(*) FROM {schema}.job
+         WHERE state = 'pending' AND waiting_on = 0 AND start_at <= created_at
+           AND start_at <= now() AND (%(type)s::text IS NULL OR type = %(type)s))
+      + (SELECT count(*) FROM {schema}.job
+         WHERE state = 'pending' AND waiting_on = 0 AND start_at > created_at
+           AND start_at <= now() AND (%(type)s::text IS NULL OR type = %(type)s)))::int
 
 -- name: next_due
 -- Seconds until the earliest delayed job of the served types becomes eligible (a waiting job
--- becomes eligible when its last dependency succeeds, which notifies).
+-- becomes eligible when its last dependency succeeds, which notifies). `start_at > created_at`
+-- leaves out only jobs that were due when inserted, and lets job_delayed_idx serve the query.
 SELECT extract(epoch FROM min(start_at) - now())::float8 FROM {schema}.job
-WHERE state = 'pending' AND waiting_on = 0 AND start_at > now()
+WHERE state = 'pending' AND waiting_on = 0 AND start_at > now() AND start_at > created_at
   AND type = ANY(%(types)s::text[])
 
 -- name: now

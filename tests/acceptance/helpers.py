@@ -83,11 +83,26 @@ class Supervisor:
         return self.log_path.read_text(errors="replace")
 
     def children(self) -> list[int]:
-        """PIDs of the worker children (direct children, excluding multiprocessing helpers)."""
+        """PIDs of the worker children (forked by the supervisor's fork server)."""
+        return [pid for pid, title in self.descendants() if "pgq-worker[" in title]
+
+    def descendants(self) -> list[tuple[int, str]]:
+        """(pid, title) of every process under the supervisor: the fork server, its children,
+        multiprocessing's resource tracker."""
         out = subprocess.run(
-            ["ps", "-o", "pid=,args=", "--ppid", str(self.pid)], capture_output=True, text=True
+            ["ps", "-e", "-o", "pid=,ppid=,args="], capture_output=True, text=True
         ).stdout
-        return [int(line.split()[0]) for line in out.splitlines() if "pgq-worker[" in line]
+        by_parent: dict[int, list[tuple[int, str]]] = {}
+        for line in out.splitlines():
+            pid, ppid, *title = line.split(maxsplit=2)
+            by_parent.setdefault(int(ppid), []).append((int(pid), " ".join(title)))
+        found: list[tuple[int, str]] = []
+        todo = [self.pid]
+        while todo:
+            kids = by_parent.get(todo.pop(), [])
+            found += kids
+            todo += [pid for pid, _ in kids]
+        return found
 
     def wait_ready(self, n: int, timeout: float = 30.0) -> list[int]:
         """Wait until n children said they are ready; returns their pids."""

@@ -4,7 +4,6 @@ the values checked against the database."""
 from __future__ import annotations
 
 import re
-import subprocess
 from datetime import timedelta
 
 import pgq_supervisor as pgq
@@ -15,10 +14,8 @@ from tests.acceptance.scrape import Samples, free_port, get, metric, scrape
 
 
 def idle_children(sup: Supervisor) -> int:
-    out = subprocess.run(
-        ["ps", "-o", "args=", "--ppid", str(sup.pid)], capture_output=True, text=True
-    ).stdout
-    return sum(1 for line in out.splitlines() if re.match(r"pgq-worker\[\d+\] idle", line))
+    titles = [title for _, title in sup.descendants()]
+    return sum(1 for title in titles if re.match(r"pgq-worker\[\d+\] idle", title))
 
 
 def scalar(conn: Conn, query: str, *params: object) -> float:

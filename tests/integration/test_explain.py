@@ -61,10 +61,11 @@ def _fill(conn: Conn) -> None:
 
 
 def _pick_plan(
-    conn: Conn, types: list[str], limit: int, *, analyze: LiteralString = ""
+    conn: Conn, types: list[str], limit: int, *, analyze: LiteralString = "", due: bool = False
 ) -> list[Plan]:
-    """The plan of claim_pick_rows's query (the rows claim_pick picks behind its gates),
-    planned as the function plans it: its own text from pg_proc, under its own SET clauses
+    """The plan of claim_pick_rows's query for jobs due when inserted (`due`: for delayed
+    jobs that have come due, schema/0009), the rows claim_pick picks behind its gates, planned
+    as the function plans it: its own text from pg_proc, under its own SET clauses
     (proconfig). `analyze` ("ANALYZE, BUFFERS, ") runs it too, rolled back."""
     row = conn.execute(
         "SELECT p.prosrc, p.proconfig FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
@@ -72,7 +73,9 @@ def _pick_plan(
     ).fetchone()
     assert row is not None
     src, config = row
-    inner = src[src.index("SELECT") : src.rindex(")")]
+    picks = re.findall(r"ARRAY\(\s*(SELECT p\.id\b.*?FOR UPDATE SKIP LOCKED)\)", src, re.DOTALL)
+    mark = "p.start_at > p.created_at" if due else "p.start_at <= p.created_at"
+    [inner] = [q for q in picks if mark in q]
     text = inner.replace("p_types", "%(types)s::text[]").replace("p_limit", "%(limit)s::int")
     with conn.transaction(force_rollback=True):
         for item in config:

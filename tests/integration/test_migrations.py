@@ -113,7 +113,8 @@ INDEXES = {
     ),
     "job_claim_idx": (
         "CREATE INDEX job_claim_idx ON {s}.job USING btree (priority DESC, created_at, id)"
-        " WHERE ((state = 'pending'::{s}.job_state) AND (waiting_on = 0))"
+        " WHERE ((state = 'pending'::{s}.job_state) AND (waiting_on = 0)"
+        " AND (start_at <= created_at))"
     ),
     "job_unique_key_idx": (
         "CREATE UNIQUE INDEX job_unique_key_idx ON {s}.job USING btree (unique_key)"
@@ -145,6 +146,11 @@ INDEXES = {
     "job_finished_idx": (
         "CREATE INDEX job_finished_idx ON {s}.job USING btree (state, stopped_at)"
         " WHERE (stopped_at IS NOT NULL)"
+    ),
+    "job_delayed_idx": (
+        "CREATE INDEX job_delayed_idx ON {s}.job USING btree (start_at, type)"
+        " WHERE ((state = 'pending'::{s}.job_state) AND (waiting_on = 0)"
+        " AND (start_at > created_at))"
     ),
 }
 _TERMINAL = "ARRAY['succeeded'::{s}.job_state, 'failed'::{s}.job_state, 'cancelled'::{s}.job_state]"

@@ -1,0 +1,50 @@
+"""What the fork server imports once, before it forks any child (see child.spawn_process).
+
+    pgq-supervisor ── LISTEN and control connections, timers, children's pipes
+    └── pgq-forkserver: a fresh interpreter (exec'd, so it inherits no connection, thread or
+        │               lock of the supervisor) that imports this module, then only forks
+        ├── pgq-worker[0]   forked: the interpreter, psycopg, pydantic, pgq_supervisor and
+        ├── pgq-worker[1]   the app's modules are the fork server's pages, shared copy-on-write
+        └── ...
+
+The fork server never connects to the database and starts no thread, so a child begins with
+neither. Importing the app here is best effort: if it fails, the child imports it again at boot
+and reports the error as before (BootFailed, exit code CHILD_BOOT_FAILURE). `gc.freeze()` at
+the end moves every object imported so far out of the collector's reach, so a child's garbage
+collections do not write to (and so copy) the shared pages.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import importlib
+import os
+
+import psycopg  # noqa: F401  (imported for its pages)
+import pydantic  # noqa: F401
+from setproctitle import setproctitle
+
+import pgq_supervisor.worker  # noqa: F401  (the child's code, and what it imports)
+from pgq_supervisor.child import PRELOAD_APP_ENV
+
+TITLE = "pgq-forkserver"
+
+
+def preload_app(target: str) -> bool:
+    """Import the module of `target`; False (and nothing raised) if that fails."""
+    module = target.partition(":")[0]
+    if not module:
+        return False
+    try:
+        importlib.import_module(module)
+    except BaseException:  # the child imports it again at boot and reports what failed
+        return False
+    return True
+
+
+if os.environ.get(PRELOAD_APP_ENV):
+    preload_app(os.environ[PRELOAD_APP_ENV])
+with contextlib.suppress(Exception):
+    setproctitle(TITLE)
+gc.freeze()
