@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from pgq_supervisor.db.rows import TypeControl
+from pgq_supervisor.db.rows import TypeControl, TypeLimit
 from pgq_supervisor.jobs import JobState, TypeStats
 from pgq_supervisor.metrics import Metrics, MetricsServer
 from tests.acceptance.scrape import metric, scrape
@@ -141,3 +141,24 @@ def test_paused_and_held_back_gauges(server: MetricsServer, metrics: Metrics) ->
     assert metric(s, "pgq_type_paused", type="p") == 0
     assert metric(s, "pgq_jobs_held_back", type="p", reason="paused") == 0
     assert metric(s, "pgq_jobs_held_back", type="r", reason="rate") == 0
+
+
+def test_held_back_by_concurrency_limits(server: MetricsServer, metrics: Metrics) -> None:
+    metrics.update_limits(
+        [
+            # 3 slots, 2 running: 1 free; of 10 ready, 4 wait on busy keys, 5 on the slots
+            TypeLimit("g", 3, 1, running=2, ready=10, key_held=4),
+            TypeLimit("k", None, 1, running=5, ready=6, key_held=6),
+        ]
+    )
+    s = scrape(server.port)
+    assert metric(s, "pgq_jobs_held_back", type="g", reason="global_concurrency") == 5
+    assert metric(s, "pgq_jobs_held_back", type="g", reason="key_concurrency") == 4
+    assert metric(s, "pgq_jobs_held_back", type="k", reason="global_concurrency") == 0
+    assert metric(s, "pgq_jobs_held_back", type="k", reason="key_concurrency") == 6
+
+    # no longer limited: back to 0, not a stale value
+    metrics.update_limits([])
+    s = scrape(server.port)
+    assert metric(s, "pgq_jobs_held_back", type="g", reason="global_concurrency") == 0
+    assert metric(s, "pgq_jobs_held_back", type="k", reason="key_concurrency") == 0
