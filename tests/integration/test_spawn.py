@@ -71,15 +71,19 @@ def _title(pid: int) -> str:
         return f.read().replace(b"\0", b" ").decode().strip()
 
 
-def _tcp_sockets(pid: int) -> set[str]:
-    """The inodes of `pid`'s TCP sockets (a database connection is one)."""
-    tcp: set[str] = set()
+def _connections(pid: int) -> set[str]:
+    """The inodes of `pid`'s connected sockets: TCP, and connected unix sockets (a database
+    connection is one or the other; a listening socket is neither)."""
+    connected: set[str] = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             with open(table) as f:
-                tcp |= {line.split()[9] for line in list(f)[1:]}
+                connected |= {line.split()[9] for line in list(f)[1:]}
         except FileNotFoundError:
             continue
+    with open("/proc/net/unix") as f:
+        # Num RefCount Protocol Flags Type St Inode [Path]; St 03: connected
+        connected |= {cols[6] for cols in (line.split() for line in list(f)[1:]) if cols[5] == "03"}
     mine = set()
     for fd in os.listdir(f"/proc/{pid}/fd"):
         try:
@@ -88,7 +92,7 @@ def _tcp_sockets(pid: int) -> set[str]:
             continue
         if target.startswith("socket:["):
             mine.add(target[len("socket:[") : -1])
-    return mine & tcp
+    return mine & connected
 
 
 def test_children_fork_from_a_preloaded_server_without_connections_or_threads(dsn: str) -> None:
@@ -100,8 +104,8 @@ def test_children_fork_from_a_preloaded_server_without_connections_or_threads(ds
         assert server != os.getpid(), "the child was not forked by a fork server"
         assert _title(server) == "pgq-forkserver"
         assert _status(server)["Threads"] == "1"
-        assert _tcp_sockets(server) == set(), "the fork server holds a TCP connection"
-        assert _tcp_sockets(proc.pid), "the ready child has no database connection"
+        assert _connections(server) == set(), "the fork server holds a connection"
+        assert len(_connections(proc.pid)) >= 2, "the ready child: its pipe, its database"
         with open(f"/proc/{server}/maps") as f:
             maps = f.read()
         assert "_pydantic_core" in maps, "pydantic is not preloaded in the fork server"
