@@ -63,3 +63,112 @@ BEGIN
         ORDER BY j.priority DESC, j.created_at, j.id
         LIMIT p_limit);
 END $$;
+
+
+-- claim_pick_keyed (0008) walked job_claim_idx with the old predicate. It now walks the jobs
+-- due when inserted on job_claim_idx in order, as before, and merges in, in claim order, the
+-- delayed jobs of the type that have come due (from job_delayed_idx, sorted: few, unless a
+-- burst came due together). A merge written out here rather than left to the planner: asked
+-- to order the union of both, it sorts the whole backlog.
+CREATE FUNCTION claim_pick_keyed_take(p_id uuid, p_key text, p_per_key integer,
+                                      INOUT p_taken jsonb, OUT taken boolean)
+LANGUAGE plpgsql VOLATILE SET search_path FROM CURRENT AS $$
+DECLARE
+    v_n integer := 0;
+BEGIN
+    taken := false;
+    IF p_key IS NOT NULL THEN
+        v_n := coalesce((p_taken ->> p_key)::int, 0);
+        IF v_n >= p_per_key THEN
+            RETURN;  -- its key is full: passed over (and every later job of the key)
+        END IF;
+    END IF;
+    PERFORM 1 FROM job j WHERE j.id = p_id AND j.state = 'pending' AND j.waiting_on = 0
+    FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        -- held by another transaction: skipped, and its key with it (FIFO within a key)
+        IF p_key IS NOT NULL THEN
+            p_taken := jsonb_set(p_taken, ARRAY[p_key], to_jsonb(p_per_key));
+        END IF;
+        RETURN;
+    END IF;
+    IF p_key IS NOT NULL THEN
+        p_taken := jsonb_set(p_taken, ARRAY[p_key], to_jsonb(v_n + 1));
+    END IF;
+    taken := true;
+END $$;
+
+CREATE OR REPLACE FUNCTION claim_pick_keyed(p_type text, p_cap integer, p_per_key integer)
+RETURNS uuid[]
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+SET enable_sort = off
+SET enable_bitmapscan = off
+SET enable_seqscan = off
+SET jit = off
+AS $$
+DECLARE
+    r       record;
+    d       record;
+    v_more  boolean;  -- d holds a due delayed job not yet considered
+    v_ok    boolean;
+    v_taken jsonb;  -- key -> jobs of that key running, or taken by this claim
+    v_ids   uuid[] := '{}';
+    c_due CURSOR FOR
+        SELECT p.id, p.concurrency_key AS key, p.priority, p.created_at
+        FROM job p
+        WHERE p.state = 'pending' AND p.waiting_on = 0 AND p.start_at > p.created_at
+          AND p.start_at <= now() AND p.type = p_type
+        ORDER BY p.priority DESC, p.created_at, p.id;
+BEGIN
+    SELECT coalesce(jsonb_object_agg(k.key, k.n), '{}') INTO v_taken
+    FROM (SELECT j.concurrency_key AS key, count(*) AS n FROM job j
+          WHERE j.state = 'running' AND j.type = p_type AND j.concurrency_key IS NOT NULL
+          GROUP BY j.concurrency_key) k;
+    OPEN c_due;
+    FETCH c_due INTO d;
+    v_more := FOUND;
+    FOR r IN
+        SELECT p.id, p.concurrency_key AS key, p.priority, p.created_at
+        FROM job p
+        WHERE p.state = 'pending' AND p.waiting_on = 0 AND p.start_at <= p.created_at
+          AND p.start_at <= now() AND p.type = p_type
+        ORDER BY p.priority DESC, p.created_at, p.id
+    LOOP
+        -- the due delayed jobs that come before r in claim order
+        WHILE v_more AND ROW(-d.priority, d.created_at, d.id) < ROW(-r.priority, r.created_at, r.id)
+        LOOP
+            SELECT t.p_taken, t.taken INTO v_taken, v_ok
+            FROM claim_pick_keyed_take(d.id, d.key, p_per_key, v_taken) t;
+            IF v_ok THEN
+                v_ids := v_ids || d.id;
+                IF cardinality(v_ids) >= p_cap THEN
+                    RETURN v_ids;
+                END IF;
+            END IF;
+            FETCH c_due INTO d;
+            v_more := FOUND;
+        END LOOP;
+        SELECT t.p_taken, t.taken INTO v_taken, v_ok
+        FROM claim_pick_keyed_take(r.id, r.key, p_per_key, v_taken) t;
+        IF v_ok THEN
+            v_ids := v_ids || r.id;
+            IF cardinality(v_ids) >= p_cap THEN
+                RETURN v_ids;
+            END IF;
+        END IF;
+    END LOOP;
+    WHILE v_more LOOP
+        SELECT t.p_taken, t.taken INTO v_taken, v_ok
+        FROM claim_pick_keyed_take(d.id, d.key, p_per_key, v_taken) t;
+        IF v_ok THEN
+            v_ids := v_ids || d.id;
+            IF cardinality(v_ids) >= p_cap THEN
+                RETURN v_ids;
+            END IF;
+        END IF;
+        FETCH c_due INTO d;
+        v_more := FOUND;
+    END LOOP;
+    RETURN v_ids;
+END $$;

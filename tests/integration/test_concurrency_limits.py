@@ -338,3 +338,24 @@ def test_a_lowered_limit_holds_the_jobs_running_under_the_old_one(conn: Conn) ->
     while claim(conn, ["s"], limit=50):
         pass
     assert _running(conn, "s") <= 200
+
+
+def test_a_key_limited_claim_merges_delayed_jobs_come_due_in_claim_order(conn: Conn) -> None:
+    """Delayed jobs come due live in job_delayed_idx (schema/0009), apart from the jobs due when
+    inserted: a key-limited claim takes both, in claim order, and keeps FIFO within a key."""
+    db.sync_limits(conn, SCHEMA, ["k"], {"k": (None, 1)})
+    (older,) = _enqueue(conn, "k", 1, key="a")
+    # made delayed (as a retry or a release leaves it), and due: it lives in job_delayed_idx
+    conn.execute(
+        "UPDATE pgq.job SET start_at = created_at + interval '1 microsecond' WHERE id = %s",
+        (older,),
+    )
+    until(
+        lambda: count_rows(conn, where=f"id = '{older}' AND start_at <= now()") == 1,
+        "the delayed job to come due",
+    )
+    _enqueue(conn, "k", 2, key="a")
+    (other,) = _enqueue(conn, "k", 1, key="b")
+    taken = claim(conn, ["k"], limit=10)
+    # key a: the older (delayed) job first and only it; key b: its one job
+    assert [j.id for j in taken] == [older, other]

@@ -263,18 +263,25 @@ def _explain(conn: Conn, text: str, config: list[str], params: dict[str, object]
 
 
 def test_a_key_limited_claim_walks_job_claim_idx_in_order(conn: Conn) -> None:
-    """claim_pick_keyed reads the pending jobs of its type in claim order: on the index,
-    never a sort of the backlog."""
+    """claim_pick_keyed reads the pending jobs of its type due when inserted in claim order, on
+    job_claim_idx, never a sort of the backlog; the delayed jobs come due, merged in by the
+    function, are read from job_delayed_idx (schema/0009)."""
     _fill(conn)
-    text, config = _function_query(
+    ready, config = _function_query(
         conn, "claim_pick_keyed", "SELECT p.id", "\n    LOOP", {"p_type": "%(type)s::text"}
     )
-    nodes = _explain(conn, text, config, {"type": "a"})
-    scans = _job_scans(nodes)
-    assert [(s["Node Type"], s.get("Index Name")) for s in scans] == [
+    ready = ready[ready.index("SELECT p.id", 1) :] if "start_at > p" in ready else ready
+    nodes = _explain(conn, ready, config, {"type": "a"})
+    assert [(s["Node Type"], s.get("Index Name")) for s in _job_scans(nodes)] == [
         ("Index Scan", "job_claim_idx")
     ], nodes
     assert not [n for n in nodes if "Sort" in str(n["Node Type"])], nodes
+    due, _ = _function_query(
+        conn, "claim_pick_keyed", "SELECT p.id", ";", {"p_type": "%(type)s::text"}
+    )
+    assert "p.start_at > p.created_at" in due, due
+    nodes = _explain(conn, due, config, {"type": "a"})
+    assert [s.get("Index Name") for s in _job_scans(nodes)] == ["job_delayed_idx"], nodes
 
 
 def test_a_limited_claim_counts_running_jobs_on_the_running_index(conn: Conn) -> None:

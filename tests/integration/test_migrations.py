@@ -289,6 +289,7 @@ FUNCTIONS = {
     "rate_bucket",
     "rate_window",
     "claim_pick_keyed",
+    "claim_pick_keyed_take",
     "claim_pick_limited",
     "limit_lock_space",
     "limit_stripe_key",
