@@ -4,7 +4,8 @@ Functions here never commit: the caller owns the transaction (or uses an autocom
 connection). psycopg errors are wrapped once, here, into `DatabaseError`. By concern:
 `connection` (connecting, error mapping), `enqueueing`, `lifecycle` (the worker's side and the
 rescue), `admin`, `control` (pauses and rates), `watching` (waiters and progress), `schedules`
-(periodic jobs); `params` and `rows` type what goes in and what comes out.
+(periodic jobs), `supervisors` (registered supervisors), `dashboard` (the web dashboard's
+reads); `params` and `rows` type what goes in and what comes out.
 """
 
 from pgq_supervisor.db.admin import (
@@ -45,6 +46,14 @@ from pgq_supervisor.db.control import (
     sync_rates,
     type_controls,
 )
+from pgq_supervisor.db.dashboard import (
+    bundles_page,
+    delete_job,
+    job_dependencies,
+    job_dependents,
+    jobs_page,
+    throughput,
+)
 from pgq_supervisor.db.enqueueing import (
     enqueue,
     enqueue_async,
@@ -72,6 +81,11 @@ from pgq_supervisor.db.schedules import (
     list_schedules,
     schedule_states,
 )
+from pgq_supervisor.db.supervisors import (
+    list_supervisors,
+    register_supervisor,
+    unregister_supervisor,
+)
 from pgq_supervisor.db.watching import (
     get_jobs,
     get_jobs_async,
@@ -87,6 +101,7 @@ __all__ = [
     "ClaimArgs",
     "Conn",
     "TypeControl",
+    "bundles_page",
     "cancel",
     "cancelled_among",
     "claim",
@@ -96,6 +111,7 @@ __all__ = [
     "declare_schedules",
     "default_schema",
     "delete_finished",
+    "delete_job",
     "depth",
     "describe_connect_error",
     "dump_json",
@@ -114,10 +130,14 @@ __all__ = [
     "heartbeat",
     "insert_bundle",
     "is_permanent_connect_error",
+    "job_dependencies",
+    "job_dependents",
     "job_states",
     "job_states_async",
+    "jobs_page",
     "list_jobs",
     "list_schedules",
+    "list_supervisors",
     "listen",
     "listen_async",
     "lock_bundles",
@@ -126,6 +146,7 @@ __all__ = [
     "queue_stats",
     "rate_next_due",
     "redact",
+    "register_supervisor",
     "release",
     "rescue",
     "reset",
@@ -137,8 +158,10 @@ __all__ = [
     "succeed_and_claim",
     "summary_by_origin",
     "sync_rates",
+    "throughput",
     "type_controls",
     "unlisten",
     "unlisten_async",
+    "unregister_supervisor",
     "wrapped",
 ]
