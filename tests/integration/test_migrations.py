@@ -91,6 +91,16 @@ TYPE_RATE_COLUMNS = {
     "counts": ("ARRAY", False),
     "updated_at": ("timestamp with time zone", False),
 }
+SUPERVISOR_COLUMNS = {
+    "id": ("text", False),
+    "host": ("text", False),
+    "pid": ("integer", False),
+    "procs": ("integer", False),
+    "types": ("ARRAY", False),
+    "started_at": ("timestamp with time zone", False),
+    "seen_at": ("timestamp with time zone", False),
+    "children": ("jsonb", False),
+}
 INDEXES = {
     "job_pkey": "CREATE UNIQUE INDEX job_pkey ON {s}.job USING btree (id)",
     "job_bundle_pkey": "CREATE UNIQUE INDEX job_bundle_pkey ON {s}.job_bundle USING btree (id)",
@@ -127,6 +137,18 @@ INDEXES = {
     "job_finished_idx": (
         "CREATE INDEX job_finished_idx ON {s}.job USING btree (state, stopped_at)"
         " WHERE (stopped_at IS NOT NULL)"
+    ),
+    "supervisor_pkey": "CREATE UNIQUE INDEX supervisor_pkey ON {s}.supervisor USING btree (id)",
+    "job_created_idx": "CREATE INDEX job_created_idx ON {s}.job USING btree (created_at, id)",
+    "job_state_created_idx": (
+        "CREATE INDEX job_state_created_idx ON {s}.job USING btree (state, created_at, id)"
+    ),
+    "job_type_created_idx": (
+        "CREATE INDEX job_type_created_idx ON {s}.job USING btree (type, created_at, id)"
+    ),
+    "job_unique_key_any_idx": (
+        "CREATE INDEX job_unique_key_any_idx ON {s}.job USING btree (unique_key)"
+        " WHERE (unique_key IS NOT NULL)"
     ),
 }
 _TERMINAL = "ARRAY['succeeded'::{s}.job_state, 'failed'::{s}.job_state, 'cancelled'::{s}.job_state]"
@@ -273,6 +295,7 @@ def assert_declared_schema(conn: Conn, s: str) -> None:
         "job_dependency",
         "schedule",
         "schema_version",
+        "supervisor",
         "type_pause",
         "type_rate",
     ]
@@ -283,6 +306,7 @@ def assert_declared_schema(conn: Conn, s: str) -> None:
     assert _columns(conn, s, "job_bundle") == BUNDLE_COLUMNS
     assert _columns(conn, s, "schedule") == SCHEDULE_COLUMNS
     assert _columns(conn, s, "schema_version") == VERSION_COLUMNS
+    assert _columns(conn, s, "supervisor") == SUPERVISOR_COLUMNS
 
     labels = conn.execute(
         "SELECT e.enumlabel FROM pg_enum e JOIN pg_type t ON t.oid = e.enumtypid"
