@@ -131,6 +131,7 @@ def create_app(
         undefined=jinja2.StrictUndefined,
     )
     env.filters["when"] = views.when
+    env.filters["when_text"] = views.when_text
     env.filters["ago"] = views.ago
     env.filters["pretty"] = views.pretty
     env.filters["progress"] = views.progress

@@ -37,6 +37,16 @@ def when(value: datetime | None) -> str:
     return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
+def when_text(value: object) -> str:
+    """An ISO 8601 time as stored in JSON (an attempt's), shown as `when` shows one."""
+    if not isinstance(value, str):
+        return "-"
+    try:
+        return when(datetime.fromisoformat(value))
+    except ValueError:
+        return value
+
+
 def ago(seconds: float | None) -> str:
     if seconds is None:
         return "-"
