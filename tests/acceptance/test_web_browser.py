@@ -93,12 +93,10 @@ def _db_counts(db: Conn) -> dict[tuple[str, str], int]:
         "      WHEN start_at <= now() THEN 'ready' ELSE 'delayed' END, count(*)"
         " FROM pgq.job GROUP BY 1, 2"
     ).fetchall()
-    return {(str(t), str(c)): int(n) for t, c, n in rows}
+    return {(str(t), str(c)): int(str(n)) for t, c, n in rows}
 
 
-def test_the_dashboard_in_chromium(
-    dsn: str, db: Conn, sups: list[Supervisor], page: Page
-) -> None:
+def test_the_dashboard_in_chromium(dsn: str, db: Conn, sups: list[Supervisor], page: Page) -> None:
     db.execute(GATES_DDL)
     dash = Dashboard(dsn)
     try:

@@ -16,7 +16,7 @@ from starlette.testclient import TestClient
 
 from pgq_supervisor import db
 from pgq_supervisor.db import Conn
-from pgq_supervisor.jobs import AttemptKind, JobId, JobState, NewJob
+from pgq_supervisor.jobs import AttemptKind, JobId, JobState, JsonValue, NewJob
 from pgq_supervisor.web import ACTIONS, create_app
 from pgq_supervisor.web.app import Action
 from tests.integration.support import SCHEMA, claim_one, count_rows, get
@@ -24,7 +24,7 @@ from tests.integration.support import SCHEMA, claim_one, count_rows, get
 CSRF_RE = re.compile(r'name="csrf" value="([^"]+)"')
 
 
-def fail_job(conn: Conn, type_: str = "t", payload: dict[str, object] | None = None) -> JobId:
+def fail_job(conn: Conn, type_: str = "t", payload: JsonValue = None) -> JobId:
     """A job that failed for good, with a traceback in its history."""
     job_id = db.enqueue(conn, SCHEMA, NewJob(type_, payload or {}, max_retry_count=0))
     job = claim_one(conn, type_, max_retry_count=0)
@@ -197,7 +197,7 @@ def test_read_only_hides_and_refuses_every_action(dsn: str, conn: Conn) -> None:
         for path in ("/", f"/jobs/{failed}", f"/jobs/{running}", "/jobs"):
             page = client.get(path)
             assert page.status_code == 200
-            assert "<form method=\"post\"" not in page.text, path
+            assert '<form method="post"' not in page.text, path
             assert "read-only" in page.text
         token = client.cookies.get("pgq_csrf")
         assert token
@@ -230,9 +230,7 @@ def test_live_polls_get_304_until_something_changes(client: TestClient, conn: Co
     assert changed.status_code == 200 and "running" in changed.text
 
 
-def test_mounted_under_a_prefix_its_links_and_forms_keep_the_prefix(
-    dsn: str, conn: Conn
-) -> None:
+def test_mounted_under_a_prefix_its_links_and_forms_keep_the_prefix(dsn: str, conn: Conn) -> None:
     failed = fail_job(conn)
     dashboard = create_app(dsn)
     outer = Starlette(routes=[Mount("/ops/queue", app=dashboard)])
@@ -269,4 +267,3 @@ def test_overview_counts_throughput_of_the_last_hour(client: TestClient, conn: C
     assert re.search(r'id="hour-failed">1<', text)
     assert re.search(r'id="failure-rate">50.0 %<', text)
     assert text.count("<rect") == 2
-

@@ -14,18 +14,19 @@ FILL = """
 INSERT INTO pgq.job (type, payload, state, max_retry_count, started_at, stopped_at, worker_id,
                      created_at, unique_key, error_msg)
 SELECT (ARRAY['a', 'b', 'c', 'd', 'e'])[1 + g % 5], '{}',
-       (ARRAY['succeeded', 'succeeded', 'succeeded', 'failed', 'cancelled'])[1 + g % 5]::pgq.job_state,
+       (ARRAY['succeeded', 'succeeded', 'succeeded', 'failed', 'cancelled'])[1 + g % 5]
+           ::pgq.job_state,
        3, now() - interval '1 hour', now() - interval '59 minutes', 'old-worker',
        now() - make_interval(secs => g), 'key-' || g, 'boom'
 FROM generate_series(1, 100000) g;
 """
 
-NONE = {
+NONE: dict[str, object] = {
     "state": None, "type": None, "unique_key": None, "since": None, "until": None,
     "before_at": None, "before_id": None, "limit": 51,
 }  # fmt: skip
 NOW = datetime.now(UTC)
-CASES = {
+CASES: dict[str, tuple[dict[str, object], set[str]]] = {
     "no filter": ({}, {"job_created_idx"}),
     "state": ({"state": "failed"}, {"job_state_created_idx"}),
     "type": ({"type": "c"}, {"job_type_created_idx"}),
@@ -51,7 +52,7 @@ def test_the_jobs_page_walks_an_index_and_never_sorts(conn: Conn) -> None:
 
 def _check(filled: Conn, case: str) -> None:
     given, indexes = CASES[case]
-    params = {**NONE, **given}
+    params: dict[str, object] = {**NONE, **given}
     if "before_at" in given:
         params["before_id"] = "ffffffff-ffff-ffff-ffff-ffffffffffff"
     nodes = _plan(filled, "jobs_page", params)
