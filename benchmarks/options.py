@@ -10,7 +10,7 @@ from pathlib import Path
 
 from benchmarks.report import Json
 
-GROUPS = ("enqueue", "drain", "deps", "cpu", "wake", "kill", "cancel")
+GROUPS = ("enqueue", "drain", "deps", "cpu", "wake", "kill", "cancel", "web")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -28,6 +28,8 @@ class Options:
     cancels: int
     cpu_ms: float
     cpu_jobs_per_proc: int
+    web_jobs: int
+    web_requests: int
     start_gate: bool
     supervisor_args: tuple[str, ...]
     output: Path | None
@@ -48,6 +50,8 @@ class Options:
             "cancels": self.cancels,
             "cpu_ms": self.cpu_ms,
             "cpu_jobs_per_proc": self.cpu_jobs_per_proc,
+            "web_jobs": self.web_jobs,
+            "web_requests": self.web_requests,
             "start_gate": self.start_gate,
             "supervisor_args": list(self.supervisor_args),
         }
@@ -100,6 +104,13 @@ def _parser() -> argparse.ArgumentParser:
         "--cpu-jobs-per-proc", type=int, default=100, help="CPU-bound: jobs per run per child (100)"
     )
     add(
+        "--web-jobs",
+        type=int,
+        default=1_000_000,
+        help="web: finished jobs in the table behind the jobs page (1,000,000)",
+    )
+    add("--web-requests", type=int, default=20, help="web: timed requests per page per run (20)")
+    add(
         "--cold-start",
         action="store_true",
         help="drains: no start gate; time from the first claim while children are still booting",
@@ -128,7 +139,7 @@ def parse_args(argv: Sequence[str]) -> Options:
     except ValueError:
         p.error(f"--procs must be comma-separated integers, got {ns.procs!r}")
     counts = [ns.runs, ns.drain_jobs, ns.single_jobs, ns.bulk_jobs, ns.wake_samples, ns.kills,
-              ns.cancels]  # fmt: skip
+              ns.cancels, ns.web_jobs, ns.web_requests]  # fmt: skip
     if not procs or min(procs) < 1 or min(counts) < 1 or ns.cpu_jobs_per_proc < 1:
         p.error("--runs, --procs and every job or sample count must be at least 1")
     if not ns.cpu_ms > 0:
@@ -151,6 +162,8 @@ def parse_args(argv: Sequence[str]) -> Options:
         cancels=ns.cancels,
         cpu_ms=ns.cpu_ms,
         cpu_jobs_per_proc=ns.cpu_jobs_per_proc,
+        web_jobs=ns.web_jobs,
+        web_requests=ns.web_requests,
         start_gate=not ns.cold_start,
         supervisor_args=extra,
         output=ns.output,
