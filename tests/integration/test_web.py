@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from starlette.applications import Starlette
@@ -267,3 +268,29 @@ def test_overview_counts_throughput_of_the_last_hour(client: TestClient, conn: C
     assert re.search(r'id="hour-failed">1<', text)
     assert re.search(r'id="failure-rate">50.0 %<', text)
     assert text.count("<rect") == 2
+
+
+def test_the_readme_http_basic_example_asks_checks_and_separates_roles(
+    dsn: str, conn: Conn
+) -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    code = readme.split("```python\nimport base64, binascii, hmac")[1].split("```")[0]
+    scope: dict[str, object] = {}
+    exec("import base64, binascii, hmac" + code, scope)
+    failed = fail_job(conn)
+    app = create_app(dsn, authorize=scope["authorize"])  # type: ignore[arg-type]
+    with TestClient(app) as client:
+        asked = client.get("/")
+        assert asked.status_code == 401 and asked.headers["www-authenticate"].startswith("Basic")
+        assert client.get("/", auth=("viewer", "wrong")).status_code == 401
+        assert client.get("/", auth=("viewer", "v1ew")).status_code == 200
+        page = client.get(f"/jobs/{failed}", auth=("viewer", "v1ew"))
+        token = CSRF_RE.search(page.text)
+        assert token is not None
+        retry = f"/jobs/{failed}/retry"
+        data = {"csrf": token.group(1)}
+        assert client.post(retry, data=data, auth=("viewer", "v1ew")).status_code == 403
+        assert get(conn, failed).state is JobState.FAILED
+        assert client.post(retry, data=data, auth=("oncall", "s3cret")).status_code == 200
+        assert get(conn, failed).state is JobState.PENDING
+    app.state.pgq_close()
