@@ -234,6 +234,7 @@ def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_dashboard(args: argparse.Namespace, settings: Settings) -> int:
     """Serve pgq_supervisor.web on host:port until SIGINT/SIGTERM (uvicorn's handling)."""
+    import os
     import socket
 
     try:
@@ -250,7 +251,8 @@ def cmd_dashboard(args: argparse.Namespace, settings: Settings) -> int:
         with socket.create_server((args.host, args.port)):
             pass
     except OSError as exc:
-        raise ConfigError(f"cannot listen on {args.host}:{args.port}: {exc.strerror}") from None
+        why = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise ConfigError(f"cannot listen on {args.host}:{args.port}: {why}") from None
     dsn, conn = open_db(settings)  # reachable and migrated, else one line and exit
     conn.close()
     app = create_app(

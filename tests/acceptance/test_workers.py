@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 
 import pgq_supervisor as pgq
 from tests.acceptance.conftest import Conn
@@ -54,3 +55,13 @@ def test_workers_lists_each_supervisor_and_child_until_it_exits(
     assert sup.wait(timeout=30) == 0
     assert _workers(dsn) == []
     assert "no supervisor is registered" in run_cli(["workers"], dsn).stdout
+
+
+def test_dashboard_refuses_a_port_it_cannot_use_in_one_line(dsn: str) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        out = run_cli(["dashboard", "--port", str(port)], dsn)
+    assert out.returncode == 2
+    assert out.stderr.strip() == f"error: cannot listen on 127.0.0.1:{port}: Address already in use"
+    out = run_cli(["dashboard", "--port", "70000"], dsn)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "invalid port" in out.stderr
