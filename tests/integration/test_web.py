@@ -15,12 +15,14 @@ from starlette.requests import Request
 from starlette.routing import Mount
 from starlette.testclient import TestClient
 
+import pgq_supervisor as pgq
 from pgq_supervisor import db
 from pgq_supervisor.db import Conn
 from pgq_supervisor.jobs import AttemptKind, JobId, JobState, JsonValue, NewJob
+from pgq_supervisor.periodic import Schedule
 from pgq_supervisor.web import ACTIONS, create_app
 from pgq_supervisor.web.app import Action
-from tests.integration.support import SCHEMA, claim_one, count_rows, get
+from tests.integration.support import SCHEMA, claim, claim_one, count_rows, get
 
 CSRF_RE = re.compile(r'name="csrf" value="([^"]+)"')
 
@@ -72,6 +74,22 @@ def test_every_page_answers_and_shows_the_counts(client: TestClient, conn: Conn)
     assert "Traceback (most recent call last)" in job_page.text
     assert client.get("/jobs/not-a-uuid").status_code == 404
     assert client.get("/jobs?state=bogus").status_code == 400
+    # with something on each: a completed bundle, a schedule, a registered supervisor
+    bundle = pgq.enqueue_bundle(conn, "batch", [NewJob("b", {})], on_complete="after")
+    (member,) = claim(conn, ["b"])
+    db.succeed(conn, SCHEMA, member.lease, [(member.id, None)])
+    db.declare_schedules(conn, SCHEMA, [Schedule.make("nightly", type="t", cron="0 3 * * *")])
+    db.register_supervisor(
+        conn, SCHEMA, id="h:1:0", host="host-1", pid=4242, procs=1, types=["t"],
+        started_at=db.db_now(conn, SCHEMA),
+        children=[{"index": 0, "pid": 4243, "state": "busy", "job_id": str(failed),
+                   "job_type": "t", "jobs_done": 7}],
+    )  # fmt: skip
+    bundles = client.get("/bundles").text
+    assert str(bundle.id) in bundles and "1 / 1" in bundles and 'class="state pending"' in bundles
+    assert "0 3 * * *" in client.get("/schedules").text
+    workers = client.get("/workers").text
+    assert "host-1 pid 4242" in workers and f"t {failed}" in workers
 
 
 def test_search_by_id_opens_the_job_and_by_unique_key_lists_it(
