@@ -36,7 +36,12 @@ def fail_job(conn: Conn, type_: str = "t", payload: JsonValue = None) -> JobId:
         conn, SCHEMA, [job_id], error="RuntimeError: boom", kind=AttemptKind.ERROR,
         lease=job.lease, error_data={"traceback": "Traceback (most recent call last):\n  boom"},
     )  # fmt: skip
-    assert get(conn, job_id).state is JobState.FAILED
+    record = get(conn, job_id)
+    assert record.state is JobState.FAILED
+    # schema/0010: each attempt keeps its own traceback
+    last = record.attempts[-1]
+    assert isinstance(last, dict)
+    assert last["traceback"] == "Traceback (most recent call last):\n  boom"
     return job_id
 
 
