@@ -299,8 +299,10 @@ CROSS JOIN cancel_sent
 
 -- name: cancelled_among
 -- The supervisor's poll behind pgq_job_cancel: which of the jobs its children hold now were
--- cancelled (by primary key, a handful of ids).
-SELECT id FROM {schema}.job WHERE id = ANY(%(ids)s::uuid[]) AND state = 'cancelled'
+-- cancelled (by primary key, a handful of ids). The state is compared as text so that no index
+-- on state can serve it: with few cancelled jobs in its statistics the planner would otherwise
+-- walk the cancelled range of job_state_created_idx (schema/0010), which grows with them.
+SELECT id FROM {schema}.job WHERE id = ANY(%(ids)s::uuid[]) AND state::text = 'cancelled'
 
 -- name: reset
 -- A finished job back to pending with a fresh retry budget; a running one only when forced
