@@ -22,6 +22,7 @@ GROUPS = (
     "memory",
     "deep",
     "soak",
+    "web",
 )
 # groups run only when named in --only (long, or made for one question)
 OPT_IN = ("deep", "soak")
@@ -42,6 +43,8 @@ class Options:
     cancels: int
     cpu_ms: float
     cpu_jobs_per_proc: int
+    web_jobs: int
+    web_requests: int
     start_gate: bool
     deep_pending: int
     deep_finished: int
@@ -67,6 +70,8 @@ class Options:
             "cancels": self.cancels,
             "cpu_ms": self.cpu_ms,
             "cpu_jobs_per_proc": self.cpu_jobs_per_proc,
+            "web_jobs": self.web_jobs,
+            "web_requests": self.web_requests,
             "start_gate": self.start_gate,
             "deep_pending": self.deep_pending,
             "deep_finished": self.deep_finished,
@@ -150,6 +155,13 @@ def _parser() -> argparse.ArgumentParser:
         help="soak: how long producers and workers run (10); a row per minute",
     )
     add(
+        "--web-jobs",
+        type=int,
+        default=1_000_000,
+        help="web: finished jobs in the table behind the jobs page (1,000,000)",
+    )
+    add("--web-requests", type=int, default=20, help="web: timed requests per page per run (20)")
+    add(
         "--cold-start",
         action="store_true",
         help="drains: no start gate; time from the first claim while children are still booting",
@@ -178,7 +190,8 @@ def parse_args(argv: Sequence[str]) -> Options:
     except ValueError:
         p.error(f"--procs must be comma-separated integers, got {ns.procs!r}")
     counts = [ns.runs, ns.drain_jobs, ns.single_jobs, ns.bulk_jobs, ns.wake_samples, ns.kills,
-              ns.cancels, ns.deep_pending, ns.deep_delayed, ns.deep_samples]  # fmt: skip
+              ns.cancels, ns.deep_pending, ns.deep_delayed, ns.deep_samples, ns.web_jobs,
+              ns.web_requests]  # fmt: skip
     if not procs or min(procs) < 1 or min(counts) < 1 or ns.cpu_jobs_per_proc < 1:
         p.error("--runs, --procs and every job or sample count must be at least 1")
     if not ns.cpu_ms > 0:
@@ -205,6 +218,8 @@ def parse_args(argv: Sequence[str]) -> Options:
         cancels=ns.cancels,
         cpu_ms=ns.cpu_ms,
         cpu_jobs_per_proc=ns.cpu_jobs_per_proc,
+        web_jobs=ns.web_jobs,
+        web_requests=ns.web_requests,
         start_gate=not ns.cold_start,
         deep_pending=ns.deep_pending,
         deep_finished=ns.deep_finished,

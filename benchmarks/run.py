@@ -14,12 +14,13 @@ import signal
 import statistics
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from types import FrameType
 from typing import NoReturn
 
-from benchmarks import deep, drain, enqueue, peers, probes, soak
+from benchmarks import deep, drain, enqueue, peers, probes, soak, web
 from benchmarks.apps import LIMIT, calibrate_spin
 from benchmarks.options import Options, parse_args
 from benchmarks.procs import ROOT
@@ -60,6 +61,7 @@ class Bench:
         self.spin_loops = 0
         self.order: list[str | Ratio] = []
         self.active_peers: list[peers.Peer] = []
+        self.web_dsn = ""
 
     # ---- plan ----
 
@@ -103,6 +105,10 @@ class Bench:
         if "soak" in o.groups:
             for r in runs:
                 steps.append(self.soak_step(r))
+        if "web" in o.groups:
+            steps.append(Step(f"fill {o.web_jobs:,} finished jobs (web)", self.web_fill, ()))
+            for r in runs:
+                steps.append(self.web_step(r))
         self.layout()
         return steps
 
@@ -204,6 +210,7 @@ class Bench:
             ]
         if "soak" in self.opts.groups:
             self.order += ["soak.throughput", "soak.size", "soak.backlog"]
+        self.order += ["web.p50", "web.p95"]
         self.results.ratios = [r for r in self.order if isinstance(r, Ratio)]
 
     # ---- steps ----
@@ -624,6 +631,31 @@ class Bench:
             f"run {r}/{o.runs} memory: {procs} idle children", action,
             (uss, pss, rss, startup, respawn),
         )  # fmt: skip
+
+    def web_fill(self) -> str:
+        self.web_dsn = self.scratch.create("web", migrate=True)
+        started = time.monotonic()
+        web.fill(self.web_dsn, self.opts.web_jobs)
+        return f"{time.monotonic() - started:.1f} s"
+
+    def web_step(self, r: int) -> Step:
+        o = self.opts
+        res = self.results
+        what = f"jobs page, {o.web_jobs:,} finished jobs"
+        p50 = res.measure("web.p50", f"{what}: p50 over 6 filters", "ms", Target("<=", 200))
+        p95 = res.measure("web.p95", f"{what}: p95 of the slowest filter", "ms", Target("<=", 200))
+
+        def action() -> str:
+            w = web.run_web(self.web_dsn, o.web_jobs, o.web_requests)
+            p50.add(w.p50_ms, w.details())
+            p95.add(w.worst_p95_ms)
+            return f"p50 {w.p50_ms:.1f} ms, p95 {w.worst_p95_ms:.1f} ms ({w.worst_page})"
+
+        return Step(
+            f"run {r}/{o.runs} web: jobs page over HTTP, {o.web_requests} requests per filter",
+            action,
+            (p50, p95),
+        )
 
 
 def git_state() -> dict[str, Json]:

@@ -15,7 +15,7 @@ from typing import Protocol
 
 from pgq_supervisor.errors import ExitCode
 from pgq_supervisor.ipc import BootFailed, FromChild, JobSlot, SlotView, Stop, ToChild, Wake
-from pgq_supervisor.jobs import JobId
+from pgq_supervisor.jobs import JobId, JsonValue
 from pgq_supervisor.settings import Settings
 from pgq_supervisor.worker import ChildSpec, child_main
 
@@ -187,6 +187,7 @@ class Child:
     term_sent_at: float | None = None  # when TERMINATING began
     # jobs of this child cancelled in the database (cancels.py): stopped once in hand
     cancelled: set[JobId] = field(default_factory=set)
+    jobs_done: int = 0  # outcomes it reported (any kind): the Workers page shows them
 
     @property
     def pid(self) -> int | None:
@@ -265,6 +266,18 @@ class Child:
         except (EOFError, OSError):
             pass
         return out
+
+    def describe(self) -> dict[str, JsonValue]:
+        """What the supervisor's registered row says of this child (schema/0010)."""
+        job = self.slot.read()
+        return {
+            "index": self.spec.index,
+            "pid": self.pid,
+            "state": self.state.value,
+            "job_id": None if job is None else str(job.job_id),
+            "job_type": None if job is None else job.job_type,
+            "jobs_done": self.jobs_done,
+        }
 
     def current_job(self) -> SlotView | None:
         return self.slot.read()

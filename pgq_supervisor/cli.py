@@ -27,7 +27,7 @@ from pgq_supervisor.settings import Settings, load_settings, parse_duration
 
 log = logging.getLogger("pgq_supervisor")
 
-COMMANDS = ("run", "migrate", "enqueue", "demo", *admin.COMMANDS)
+COMMANDS = ("run", "migrate", "enqueue", "demo", "dashboard", *admin.COMMANDS)
 
 # flag -> setting, for `run`; values are validated by Settings, not argparse
 RUN_FLAGS = {
@@ -94,6 +94,14 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--jobs", type=int, default=300)
     demo.add_argument("--procs", type=int, default=None)
     demo.set_defaults(handler=cmd_demo)
+
+    dash = sub.add_parser(
+        "dashboard", parents=[common], help="serve the web dashboard (extra: web)"
+    )
+    dash.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    dash.add_argument("--port", type=int, default=8080, help="port (default 8080)")
+    dash.add_argument("--read-only", action="store_true", help="show no action, refuse all")
+    dash.set_defaults(handler=cmd_dashboard)
 
     admin.add_commands(sub, common)
     return parser
@@ -231,3 +239,40 @@ def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     dsn, conn = open_db(settings, migrate=True)
     conn.close()
     return run_demo(dsn, settings, jobs=args.jobs, procs=args.procs)
+
+
+def cmd_dashboard(args: argparse.Namespace, settings: Settings) -> int:
+    """Serve pgq_supervisor.web on host:port until SIGINT/SIGTERM (uvicorn's handling)."""
+    import os
+    import socket
+
+    try:
+        import uvicorn
+
+        from pgq_supervisor.web import create_app
+    except ImportError as exc:
+        raise ConfigError(
+            f"the dashboard needs the web extra (pip install 'pgq-supervisor[web]'): {exc}"
+        ) from None
+    if not 0 < args.port < 65536:
+        raise ConfigError(f"invalid port {args.port}: must be 1 to 65535")
+    try:  # one clear line now rather than uvicorn's log and exit later
+        with socket.create_server((args.host, args.port)):
+            pass
+    except OSError as exc:
+        why = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise ConfigError(f"cannot listen on {args.host}:{args.port}: {why}") from None
+    dsn, conn = open_db(settings)  # reachable and migrated, else one line and exit
+    conn.close()
+    app = create_app(
+        dsn,
+        read_only=args.read_only,
+        schema=settings.db_schema,
+        stale_after=3 * settings.heartbeat_interval,
+    )
+    print(f"dashboard on http://{args.host}:{args.port}/", flush=True)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    finally:
+        app.state.pgq_close()
+    return 0

@@ -8,7 +8,8 @@
     ├── control connection: settle dead children's jobs; the timers' database work
     ├── timers (maintenance.py): poll wake · due jobs · rate windows · rescue · queue metrics
     │                            · prune · summary · cancel check (the poll behind
-    │                            pgq_job_cancel)
+    │                            pgq_job_cancel) · register (this supervisor's row in the
+    │                            supervisor table, for the dashboard and `workers`)
     ├── pgq-worker[0] ─ job connection + heartbeat thread (see worker.py)
     ├── pgq-worker[1]
     └── ...
@@ -39,11 +40,12 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import assert_never
 
 from setproctitle import setproctitle
 
-from pgq_supervisor import cancels
+from pgq_supervisor import cancels, db
 from pgq_supervisor.child import (
     CANCELLED,
     SHUTDOWN,
@@ -59,6 +61,7 @@ from pgq_supervisor.child import (
 from pgq_supervisor.deaths import Deaths
 from pgq_supervisor.errors import DatabaseError, ExitCode
 from pgq_supervisor.ipc import BootFailed, Idle, JobSlot, Ready, Report, Retiring, Wake
+from pgq_supervisor.jobs import JsonValue
 from pgq_supervisor.listener import AVAILABLE, CANCEL, Listener
 from pgq_supervisor.maintenance import (
     RATE_DUE,
@@ -163,6 +166,13 @@ class Supervisor:
         self.sel = selectors.DefaultSelector()
         self.last_loop = now
         self.host = socket.gethostname()
+        # the row the Workers page and `workers` read (schema/0010): upserted every
+        # heartbeat_interval, deleted on a clean exit
+        self.started_at = datetime.now(UTC)
+        self.registration = f"{self.host}:{os.getpid()}:{self.rng.getrandbits(32):08x}"
+        self.timers.add(
+            Timer("register", self._register, settings.heartbeat_interval, in_shutdown=True)
+        )
 
     # ---- the loop ----
 
@@ -325,6 +335,7 @@ class Supervisor:
         for msg in child.recv_all():
             match msg:
                 case Report():
+                    child.jobs_done += len(msg.outcomes)
                     self.metrics.record(msg.outcomes, msg.wake_latencies)
                     self.services.activity.record(msg.outcomes)
                 case Idle():
@@ -425,6 +436,27 @@ class Supervisor:
             # the heartbeat stopped with the child: the rescuer will reclaim its jobs
             log.warning("could not settle jobs of dead child %d: %s", child.spec.index, exc)
 
+    # ---- registration ----
+
+    def _register(self, now: float) -> None:
+        children: list[JsonValue] = [c.describe() for _, c in sorted(self.children.items())]
+        self.control.run(
+            lambda conn: db.register_supervisor(
+                conn, self.schema, id=self.registration, host=self.host, pid=os.getpid(),
+                procs=self.target, types=self.types, started_at=self.started_at,
+                children=children,
+            )
+        )  # fmt: skip
+
+    def _unregister(self) -> None:
+        try:
+            self.control.run(
+                lambda conn: db.unregister_supervisor(conn, self.schema, self.registration)
+            )
+        except DatabaseError as exc:
+            # the row goes stale, and another supervisor's upsert deletes it after an hour
+            log.warning("could not unregister this supervisor: %s", exc)
+
     # ---- health ----
 
     def healthy(self) -> bool:
@@ -439,6 +471,7 @@ class Supervisor:
             child.kill(SHUTDOWN)  # our own exit: not the job's fault
             child.proc.join(timeout=5)
             self._settle_jobs(child, "killed at exit")
+        self._unregister()
         self.listener.close()
         self.control.close()
         self.signals.restore()

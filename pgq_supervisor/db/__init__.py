@@ -4,7 +4,8 @@ Functions here never commit: the caller owns the transaction (or uses an autocom
 connection). psycopg errors are wrapped once, here, into `DatabaseError`. By concern:
 `connection` (connecting, error mapping), `enqueueing`, `lifecycle` (the worker's side and the
 rescue), `admin`, `control` (pauses and rates), `watching` (waiters and progress), `schedules`
-(periodic jobs); `params` and `rows` type what goes in and what comes out.
+(periodic jobs), `supervisors` (registered supervisors), `dashboard` (the web dashboard's
+reads); `params` and `rows` type what goes in and what comes out.
 """
 
 from pgq_supervisor.db.admin import (
@@ -47,6 +48,14 @@ from pgq_supervisor.db.control import (
     type_controls,
     type_limits,
 )
+from pgq_supervisor.db.dashboard import (
+    bundles_page,
+    delete_job,
+    job_dependencies,
+    job_dependents,
+    jobs_page,
+    throughput,
+)
 from pgq_supervisor.db.enqueueing import (
     enqueue,
     enqueue_async,
@@ -74,6 +83,11 @@ from pgq_supervisor.db.schedules import (
     list_schedules,
     schedule_states,
 )
+from pgq_supervisor.db.supervisors import (
+    list_supervisors,
+    register_supervisor,
+    unregister_supervisor,
+)
 from pgq_supervisor.db.watching import (
     get_jobs,
     get_jobs_async,
@@ -90,6 +104,7 @@ __all__ = [
     "Conn",
     "TypeControl",
     "TypeLimit",
+    "bundles_page",
     "cancel",
     "cancelled_among",
     "claim",
@@ -99,6 +114,7 @@ __all__ = [
     "declare_schedules",
     "default_schema",
     "delete_finished",
+    "delete_job",
     "depth",
     "describe_connect_error",
     "dump_json",
@@ -117,10 +133,14 @@ __all__ = [
     "heartbeat",
     "insert_bundle",
     "is_permanent_connect_error",
+    "job_dependencies",
+    "job_dependents",
     "job_states",
     "job_states_async",
+    "jobs_page",
     "list_jobs",
     "list_schedules",
+    "list_supervisors",
     "listen",
     "listen_async",
     "lock_bundles",
@@ -129,6 +149,7 @@ __all__ = [
     "queue_stats",
     "rate_next_due",
     "redact",
+    "register_supervisor",
     "release",
     "rescue",
     "reset",
@@ -141,9 +162,11 @@ __all__ = [
     "summary_by_origin",
     "sync_limits",
     "sync_rates",
+    "throughput",
     "type_controls",
     "type_limits",
     "unlisten",
     "unlisten_async",
+    "unregister_supervisor",
     "wrapped",
 ]

@@ -291,6 +291,52 @@ class ScheduleEnqueueParams(TypedDict):
     unique_key: str
 
 
+# ---- supervisors and the dashboard ----------------------------------------------------------
+
+
+class SupervisorRegisterParams(TypedDict):
+    """`supervisor_register`: `children` is JSON text (a list of objects)."""
+
+    id: str
+    host: str
+    pid: int
+    procs: int
+    types: list[str]
+    started_at: datetime
+    children: str
+
+
+class SupervisorIdParams(TypedDict):
+    id: str
+
+
+class JobsPageParams(TypedDict):
+    """`jobs_page`: each filter None for none; the keyset (`before_at`, `before_id`) is the
+    last row of the page before (both None: the first page)."""
+
+    state: str | None
+    type: str | None
+    unique_key: str | None
+    since: datetime | None
+    until: datetime | None
+    before_at: datetime | None
+    before_id: JobId | None
+    limit: int
+
+
+class IdLimitParams(TypedDict):
+    id: uuid.UUID
+    limit: int
+
+
+class LimitParams(TypedDict):
+    limit: int
+
+
+class MinutesParams(TypedDict):
+    minutes: int
+
+
 PARAMS: dict[str, type] = {
     "enqueue": EnqueueRow,
     "enqueue_unique": EnqueueRow,
@@ -339,4 +385,13 @@ PARAMS: dict[str, type] = {
     "rate_next_due": TypesParams,
     "sync_limits": SyncLimitsParams,
     "type_limits": NoParams,
+    "supervisor_register": SupervisorRegisterParams,
+    "supervisor_unregister": SupervisorIdParams,
+    "supervisors_list": NoParams,
+    "jobs_page": JobsPageParams,
+    "job_dependencies": IdParams,
+    "job_dependents": IdLimitParams,
+    "bundles_page": LimitParams,
+    "throughput": MinutesParams,
+    "delete_job": IdParams,
 }

@@ -25,6 +25,7 @@ from psycopg.rows import RowMaker, no_result
 
 from pgq_supervisor.jobs import (
     Bundle,
+    BundleId,
     EndedAttempt,
     Job,
     JobId,
@@ -143,6 +144,76 @@ class ScheduleRecord:
     now: datetime
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class SupervisorRecord:
+    """A registered supervisor (schema/0010): `children` is one object per child (index, pid,
+    state, job_id, job_type, jobs_done); `seen_ago` is seconds since its last upsert, by the
+    database's clock."""
+
+    id: str
+    host: str
+    pid: int
+    procs: int
+    types: list[str]
+    started_at: datetime
+    seen_at: datetime
+    children: JsonValue
+    seen_ago: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class JobListed:
+    """A job as the dashboard's job list shows it (no payload, result or history)."""
+
+    id: JobId
+    type: str
+    state: JobState
+    priority: int
+    unique_key: str | None
+    bundle_id: BundleId | None
+    current_retry_count: int
+    max_retry_count: int | None
+    progress: JsonValue
+    error_msg: str | None
+    created_at: datetime
+    started_at: datetime | None
+    stopped_at: datetime | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class JobLink:
+    """Another job, as a link shows it: a dependency, a dependent, a completion job."""
+
+    id: JobId
+    type: str
+    state: JobState
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BundleListed:
+    """A bundle and its completion job (None: not enqueued yet, or none declared)."""
+
+    id: BundleId
+    type: str
+    origin: str | None
+    num_jobs: int
+    num_jobs_stopped: int
+    on_complete: str | None
+    created_at: datetime
+    updated_at: datetime
+    completion_id: JobId | None
+    completion_state: JobState | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ThroughputMinute:
+    """Jobs that finished in one minute (its start), by outcome."""
+
+    minute: datetime
+    succeeded: int
+    failed: int
+
+
 def _columns(cls: type[object]) -> tuple[str, ...]:
     """The constructor's parameters, in order: a dataclass's fields, a NamedTuple's too."""
     return tuple(inspect.signature(cls).parameters)
@@ -196,6 +267,10 @@ def _state(value: object) -> JobState:
     return JobState(str(value))
 
 
+def _maybe_state(value: object) -> JobState | None:
+    return None if value is None else JobState(str(value))
+
+
 def _zero_if_null(value: object) -> object:
     return 0 if value is None else value
 
@@ -232,6 +307,11 @@ CANCEL_RESULT = NamedRow(CancelResult, state=_state)
 SCHEDULE_STATE = NamedRow(ScheduleState)
 SCHEDULE_RECORD = NamedRow(ScheduleRecord)
 TYPE_CONTROL = NamedRow(TypeControl)
+SUPERVISOR_RECORD = NamedRow(SupervisorRecord)
+JOB_LISTED = NamedRow(JobListed, state=_state)
+JOB_LINK = NamedRow(JobLink, state=_state)
+BUNDLE_LISTED = NamedRow(BundleListed, completion_state=_maybe_state)
+THROUGHPUT_MINUTE = NamedRow(ThroughputMinute)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -357,4 +437,10 @@ ROWS: dict[str, tuple[str, ...]] = {
     "schedules_list": SCHEDULE_RECORD.columns,
     "type_controls": TYPE_CONTROL.columns,
     "type_limits": TYPE_LIMIT.columns,
+    "supervisors_list": SUPERVISOR_RECORD.columns,
+    "jobs_page": JOB_LISTED.columns,
+    "job_dependencies": JOB_LINK.columns,
+    "job_dependents": JOB_LINK.columns,
+    "bundles_page": BUNDLE_LISTED.columns,
+    "throughput": THROUGHPUT_MINUTE.columns,
 }

@@ -304,8 +304,10 @@ CROSS JOIN cancel_sent
 
 -- name: cancelled_among
 -- The supervisor's poll behind pgq_job_cancel: which of the jobs its children hold now were
--- cancelled (by primary key, a handful of ids).
-SELECT id FROM {schema}.job WHERE id = ANY(%(ids)s::uuid[]) AND state = 'cancelled'
+-- cancelled (by primary key, a handful of ids). The state is compared as text so that no index
+-- on state can serve it: with few cancelled jobs in its statistics the planner would otherwise
+-- walk the cancelled range of job_state_created_idx (schema/0010), which grows with them.
+SELECT id FROM {schema}.job WHERE id = ANY(%(ids)s::uuid[]) AND state::text = 'cancelled'
 
 -- name: reset
 -- A finished job back to pending with a fresh retry budget; a running one only when forced
@@ -620,3 +622,99 @@ SELECT l.type, l.global_concurrency, l.key_concurrency,
               HAVING count(*) >= l.key_concurrency))::int AS key_held
 FROM {schema}.type_limit l
 ORDER BY l.type
+
+-- name: supervisor_register
+-- A supervisor's row, upserted on its "register" timer (schema/0010). Rows of supervisors not
+-- seen for an hour (killed, never cleaned up) go at the same time.
+WITH gone AS (
+    DELETE FROM {schema}.supervisor
+    WHERE seen_at < now() - interval '1 hour' AND id <> %(id)s
+    RETURNING id
+)
+INSERT INTO {schema}.supervisor (id, host, pid, procs, types, started_at, seen_at, children)
+SELECT %(id)s, %(host)s, %(pid)s, %(procs)s, %(types)s::text[], %(started_at)s, now(),
+       %(children)s::jsonb
+WHERE (SELECT count(*) FROM gone) >= 0
+ON CONFLICT (id) DO UPDATE
+SET procs = excluded.procs, seen_at = excluded.seen_at, children = excluded.children
+
+-- name: supervisor_unregister
+DELETE FROM {schema}.supervisor WHERE id = %(id)s
+
+-- name: supervisors_list
+-- Every registered supervisor, the longest running first; `seen_ago` in seconds by the
+-- database's clock (a reader judges staleness by it).
+SELECT id, host, pid, procs, types, started_at, seen_at, children,
+       extract(epoch FROM now() - seen_at)::float8 AS seen_ago
+FROM {schema}.supervisor
+ORDER BY started_at, id
+
+-- name: jobs_page
+-- The dashboard's job list: newest first, one page after the keyset (before_at, before_id),
+-- never OFFSET. Each filter is NULL for none; the web connections do not prepare statements,
+-- so each query is planned with its values and a NULL filter folds away: the planner walks
+-- job_created_idx, job_state_created_idx or job_type_created_idx backwards, or finds a
+-- unique_key on job_unique_key_any_idx (schema/0010).
+SELECT id, type, state, priority, unique_key, bundle_id, current_retry_count, max_retry_count,
+       progress, error_msg, created_at, started_at, stopped_at
+FROM {schema}.job
+WHERE (%(state)s::text IS NULL OR state = %(state)s::{schema}.job_state)
+  AND (%(type)s::text IS NULL OR type = %(type)s::text)
+  AND (%(unique_key)s::text IS NULL OR unique_key = %(unique_key)s::text)
+  AND (%(since)s::timestamptz IS NULL OR created_at >= %(since)s::timestamptz)
+  AND (%(until)s::timestamptz IS NULL OR created_at < %(until)s::timestamptz)
+  AND (%(before_at)s::timestamptz IS NULL
+       OR (created_at, id) < (%(before_at)s::timestamptz, %(before_id)s::uuid))
+ORDER BY created_at DESC, id DESC
+LIMIT %(limit)s
+
+-- name: job_dependencies
+-- The jobs one job depends on, with where each stands (job_dependency_pkey).
+SELECT j.id, j.type, j.state
+FROM {schema}.job_dependency d JOIN {schema}.job j ON j.id = d.depends_on
+WHERE d.job_id = %(id)s
+ORDER BY j.created_at, j.id
+
+-- name: job_dependents
+-- The jobs that depend on one job (job_dependency_depends_on_idx), the first `limit`.
+SELECT j.id, j.type, j.state
+FROM {schema}.job_dependency d JOIN {schema}.job j ON j.id = d.job_id
+WHERE d.depends_on = %(id)s
+ORDER BY j.created_at, j.id
+LIMIT %(limit)s
+
+-- name: bundles_page
+-- The newest bundles (a small table: bundles are deleted with their last job), each with its
+-- completion job once enqueued: the job of type on_complete whose payload names the bundle
+-- (schema/0001), found through job_type_created_idx.
+SELECT b.id, b.type, b.origin, b.num_jobs, b.num_jobs_stopped, b.on_complete, b.created_at,
+       b.updated_at, c.id AS completion_id, c.state AS completion_state
+FROM {schema}.job_bundle b
+LEFT JOIN LATERAL (
+    SELECT j.id, j.state FROM {schema}.job j
+    WHERE j.type = b.on_complete AND j.created_at >= b.created_at
+      AND j.payload @> jsonb_build_object('bundle_id', b.id::text)
+    ORDER BY j.created_at DESC
+    LIMIT 1
+) c ON true
+ORDER BY b.created_at DESC, b.id DESC
+LIMIT %(limit)s
+
+-- name: throughput
+-- Jobs finished per minute over the last `minutes` minutes, succeeded and failed, on
+-- job_finished_idx (state, stopped_at); minutes with none have no row.
+SELECT date_trunc('minute', stopped_at) AS minute,
+       (count(*) FILTER (WHERE state = 'succeeded'))::int AS succeeded,
+       (count(*) FILTER (WHERE state = 'failed'))::int AS failed
+FROM {schema}.job
+WHERE state IN ('succeeded', 'failed')
+  AND stopped_at >= date_trunc('minute', now()) - make_interval(mins => %(minutes)s - 1)
+GROUP BY 1
+ORDER BY 1
+
+-- name: delete_job
+-- One finished job, by id; no row when it is unknown or not finished. The delete triggers
+-- keep its bundle's counters and its dependents true, as for a purge.
+DELETE FROM {schema}.job
+WHERE id = %(id)s AND state IN ('succeeded', 'failed', 'cancelled')
+RETURNING id

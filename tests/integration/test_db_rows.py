@@ -88,6 +88,12 @@ def test_job_record_and_bundle_have_every_column_of_their_tables(conn: Conn) -> 
     assert _columns_of(conn, "job_bundle") == list(rows.BUNDLE.columns)
 
 
+def _dependent(conn: Conn) -> object:
+    row = conn.execute("SELECT job_id FROM pgq.job_dependency LIMIT 1").fetchone()
+    assert row is not None
+    return row[0]
+
+
 def _sample_params(conn: Conn) -> dict[str, dict[str, object]]:
     """Parameters that make each row-returning statement return at least one row."""
     ids = [pgq.enqueue(conn, "t", {"n": i}, unique_key=f"u{i}", origin="o") for i in range(3)]
@@ -97,6 +103,15 @@ def _sample_params(conn: Conn) -> dict[str, dict[str, object]]:
     db.sync_limits(conn, SCHEMA, ["other"], {"other": (2, 1)})  # and type_limits one
     claim_args = {"worker_id": "w", "types": ["t"], "max_retry_counts": [3], "limit": 1}
     db.declare_schedules(conn, SCHEMA, [Schedule.make("s0", type="t", every=timedelta(seconds=5))])
+    # the dashboard's: a dependency edge, a job finished now, a registered supervisor
+    pgq.enqueue(conn, "later", {}, depends_on=[ids[0]])
+    pgq.enqueue(conn, "done", {})
+    done = claim(conn, ["done"])[0]
+    db.succeed(conn, SCHEMA, done.lease, [(done.id, None)])
+    db.register_supervisor(
+        conn, SCHEMA, id="h:1:0", host="h", pid=1, procs=1, types=["t"],
+        started_at=db.db_now(conn, SCHEMA), children=[],
+    )  # fmt: skip
     return {
         "claim": {**claim_args, "lease": uuid.uuid4()},
         "succeed_and_claim": {
@@ -147,7 +162,16 @@ def _sample_params(conn: Conn) -> dict[str, dict[str, object]]:
         "schedules_list": {},
         "type_controls": {},
         "type_limits": {},
-    }
+        "supervisors_list": {},
+        "jobs_page": {
+            "state": None, "type": None, "unique_key": None, "since": None, "until": None,
+            "before_at": None, "before_id": None, "limit": 10,
+        },
+        "job_dependencies": {"id": _dependent(conn)},
+        "job_dependents": {"id": ids[0], "limit": 10},
+        "bundles_page": {"limit": 10},
+        "throughput": {"minutes": 60},
+    }  # fmt: skip
 
 
 def test_each_statement_returns_exactly_the_columns_its_row_type_reads(conn: Conn) -> None:

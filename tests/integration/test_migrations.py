@@ -104,6 +104,16 @@ TYPE_LIMIT_STRIPE_COLUMNS = {
     "slots": ("integer", False),
     "leases": ("ARRAY", False),
 }
+SUPERVISOR_COLUMNS = {
+    "id": ("text", False),
+    "host": ("text", False),
+    "pid": ("integer", False),
+    "procs": ("integer", False),
+    "types": ("ARRAY", False),
+    "started_at": ("timestamp with time zone", False),
+    "seen_at": ("timestamp with time zone", False),
+    "children": ("jsonb", False),
+}
 INDEXES = {
     "job_pkey": "CREATE UNIQUE INDEX job_pkey ON {s}.job USING btree (id)",
     "job_bundle_pkey": "CREATE UNIQUE INDEX job_bundle_pkey ON {s}.job_bundle USING btree (id)",
@@ -151,6 +161,18 @@ INDEXES = {
         "CREATE INDEX job_delayed_idx ON {s}.job USING btree (start_at, type)"
         " WHERE ((state = 'pending'::{s}.job_state) AND (waiting_on = 0)"
         " AND (start_at > created_at))"
+    ),
+    "supervisor_pkey": "CREATE UNIQUE INDEX supervisor_pkey ON {s}.supervisor USING btree (id)",
+    "job_created_idx": "CREATE INDEX job_created_idx ON {s}.job USING btree (created_at, id)",
+    "job_state_created_idx": (
+        "CREATE INDEX job_state_created_idx ON {s}.job USING btree (state, created_at, id)"
+    ),
+    "job_type_created_idx": (
+        "CREATE INDEX job_type_created_idx ON {s}.job USING btree (type, created_at, id)"
+    ),
+    "job_unique_key_any_idx": (
+        "CREATE INDEX job_unique_key_any_idx ON {s}.job USING btree (unique_key)"
+        " WHERE (unique_key IS NOT NULL)"
     ),
 }
 _TERMINAL = "ARRAY['succeeded'::{s}.job_state, 'failed'::{s}.job_state, 'cancelled'::{s}.job_state]"
@@ -325,6 +347,7 @@ def assert_declared_schema(conn: Conn, s: str) -> None:
         "schema_version",
         "type_limit",
         "type_limit_stripe",
+        "supervisor",
         "type_pause",
         "type_rate",
     ]
@@ -337,6 +360,7 @@ def assert_declared_schema(conn: Conn, s: str) -> None:
     assert _columns(conn, s, "job_bundle") == BUNDLE_COLUMNS
     assert _columns(conn, s, "schedule") == SCHEDULE_COLUMNS
     assert _columns(conn, s, "schema_version") == VERSION_COLUMNS
+    assert _columns(conn, s, "supervisor") == SUPERVISOR_COLUMNS
 
     labels = conn.execute(
         "SELECT e.enumlabel FROM pg_enum e JOIN pg_type t ON t.oid = e.enumtypid"

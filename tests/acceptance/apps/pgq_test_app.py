@@ -124,3 +124,12 @@ def step(payload: dict[str, str | float | bool], job: pgq.Job) -> dict[str, obje
     if payload.get("fail"):
         raise pgq.PermanentError(f"{payload['name']} fails")
     return {"name": payload["name"], "saw": {str(k): v for k, v in job.dependency_results.items()}}
+
+
+@registry.handler("flaky", max_retry_count=0, retry=NO_BACKOFF)
+def flaky(payload: dict[str, str], job: pgq.Job, conn: Conn) -> dict[str, str]:
+    """Fails (with a traceback) until the test opens the job's gate (a row in `gates`)."""
+    row = conn.execute("SELECT 1 FROM gates WHERE job_id = %s", (job.id,)).fetchone()
+    if row is None:
+        raise RuntimeError("gate closed")
+    return {"gate": "open"}

@@ -1,0 +1,75 @@
+"""`workers`: each registered supervisor (host, pid, procs, started, last seen) and each of its
+children (state, job in hand, jobs done), from the supervisor table (schema/0010). A row not
+refreshed for 3 x heartbeat_interval is marked stale: its supervisor was killed or cannot reach
+the database. Registered by admin.add_commands."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import TypeVar
+
+from pgq_supervisor import db
+from pgq_supervisor.connect import open_db
+from pgq_supervisor.db.rows import SupervisorRecord
+from pgq_supervisor.jobs import JsonValue
+from pgq_supervisor.settings import Settings
+
+Parser = TypeVar("Parser", bound=argparse.ArgumentParser)
+
+
+def add_command(sub: argparse._SubParsersAction[Parser], parents: list[Parser]) -> None:
+    p = sub.add_parser("workers", parents=parents, help="live supervisors and their children")
+    p.set_defaults(handler=cmd_workers)
+
+
+def is_stale(record: SupervisorRecord, heartbeat_interval: float) -> bool:
+    """Not refreshed for three of its upsert intervals (the heartbeat interval)."""
+    return record.seen_ago > 3 * heartbeat_interval
+
+
+def children_of(record: SupervisorRecord) -> list[dict[str, JsonValue]]:
+    """Its children as stored, each a JSON object (anything else is skipped)."""
+    listed = record.children if isinstance(record.children, list) else []
+    return [c for c in listed if isinstance(c, dict)]
+
+
+def record_json(record: SupervisorRecord, heartbeat_interval: float) -> dict[str, JsonValue]:
+    return {
+        "id": record.id,
+        "host": record.host,
+        "pid": record.pid,
+        "procs": record.procs,
+        "types": list(record.types),
+        "started_at": record.started_at.isoformat(),
+        "seen_at": record.seen_at.isoformat(),
+        "seen_ago": round(record.seen_ago, 3),
+        "stale": is_stale(record, heartbeat_interval),
+        "children": list(children_of(record)),
+    }
+
+
+def cmd_workers(args: argparse.Namespace, settings: Settings) -> int:
+    _, conn = open_db(settings)
+    with conn:
+        records = db.list_supervisors(conn, settings.db_schema)
+    beat = settings.heartbeat_interval
+    if args.json:
+        print(json.dumps({"supervisors": [record_json(r, beat) for r in records]}))
+        return 0
+    if not records:
+        print("no supervisor is registered")
+        return 0
+    for r in records:
+        stale = "  STALE" if is_stale(r, beat) else ""
+        print(
+            f"{r.host} pid {r.pid}  {r.procs} procs  types {','.join(r.types)}"
+            f"  started {r.started_at:%Y-%m-%d %H:%M:%S %Z}  seen {r.seen_ago:.0f} s ago{stale}"
+        )
+        for c in children_of(r):
+            job = f"{c.get('job_type')} {c.get('job_id')}" if c.get("job_id") else "-"
+            print(
+                f"  child {c.get('index')}  pid {c.get('pid')}  {c.get('state')}"
+                f"  job {job}  done {c.get('jobs_done')}"
+            )
+    return 0

@@ -1,0 +1,66 @@
+"""Query plans of the dashboard's jobs page: with 100,000 finished jobs behind it, each filter
+walks its index (schema/0010) in order and stops at the page, never sorting the table; a
+unique_key search and a page further down (the keyset) too. The benchmark group `web` times
+it with 1,000,000."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from pgq_supervisor.db import Conn
+from tests.integration.test_explain import _job_scans, _plan
+
+FILL = """
+INSERT INTO pgq.job (type, payload, state, max_retry_count, started_at, stopped_at, worker_id,
+                     created_at, unique_key, error_msg)
+SELECT (ARRAY['a', 'b', 'c', 'd', 'e'])[1 + g % 5], '{}',
+       (ARRAY['succeeded', 'succeeded', 'succeeded', 'failed', 'cancelled'])[1 + g % 5]
+           ::pgq.job_state,
+       3, now() - interval '1 hour', now() - interval '59 minutes', 'old-worker',
+       now() - make_interval(secs => g), 'key-' || g, 'boom'
+FROM generate_series(1, 100000) g;
+"""
+
+NONE: dict[str, object] = {
+    "state": None, "type": None, "unique_key": None, "since": None, "until": None,
+    "before_at": None, "before_id": None, "limit": 51,
+}  # fmt: skip
+NOW = datetime.now(UTC)
+CASES: dict[str, tuple[dict[str, object], set[str]]] = {
+    "no filter": ({}, {"job_created_idx"}),
+    "state": ({"state": "failed"}, {"job_state_created_idx"}),
+    "type": ({"type": "c"}, {"job_type_created_idx"}),
+    "time range": (
+        {"since": NOW - timedelta(hours=3), "until": NOW - timedelta(hours=2)},
+        {"job_created_idx"},
+    ),
+    "unique key": ({"unique_key": "key-77"}, {"job_unique_key_any_idx"}),
+    # a common state: walking every state's index and skipping the others' rows is as cheap
+    "a later page": (
+        {"state": "succeeded", "before_at": NOW - timedelta(hours=5), "before_id": None},
+        {"job_state_created_idx", "job_created_idx"},
+    ),
+}
+
+
+def test_the_jobs_page_walks_an_index_and_never_sorts(conn: Conn) -> None:
+    conn.execute(FILL)
+    conn.execute("ANALYZE pgq.job")
+    for case in CASES:
+        _check(conn, case)
+
+
+def _check(filled: Conn, case: str) -> None:
+    given, indexes = CASES[case]
+    params: dict[str, object] = {**NONE, **given}
+    if "before_at" in given:
+        params["before_id"] = "ffffffff-ffff-ffff-ffff-ffffffffffff"
+    nodes = _plan(filled, "jobs_page", params)
+    scans = _job_scans(nodes)
+    assert len(scans) == 1 and scans[0].get("Index Name") in indexes, (case, scans)
+    assert "Seq Scan" not in [n["Node Type"] for n in nodes]
+    if case != "unique key":  # one row: nothing to sort anyway
+        assert "Sort" not in [n["Node Type"] for n in nodes], case
+        assert scans[0].get("Scan Direction") == "Backward", case
+    if "before_at" in given:  # the keyset bounds the walk, it is not a filter on its rows
+        assert "created_at" in str(scans[0].get("Index Cond")), scans[0]

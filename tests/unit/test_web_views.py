@@ -1,0 +1,69 @@
+"""The dashboard's pure parts: the throughput chart's geometry, the jobs page's query string."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from pgq_supervisor.db.rows import ThroughputMinute
+from pgq_supervisor.jobs import JobState
+from pgq_supervisor.web.views import CHART_MINUTES, JobsQuery, ago, chart, when_text
+
+NOW = datetime(2026, 11, 30, 13, 45, 30, tzinfo=UTC)
+
+
+def test_the_chart_puts_each_minute_at_its_place_scaled_to_the_busiest() -> None:
+    this_minute = NOW.replace(second=0)
+    minutes = [
+        ThroughputMinute(this_minute, 30, 10),  # the busiest: full height, rightmost
+        ThroughputMinute(this_minute - timedelta(minutes=59), 20, 0),  # leftmost
+        ThroughputMinute(this_minute - timedelta(minutes=60), 99, 99),  # an hour ago: left out
+    ]
+    c = chart(minutes[:2], NOW)
+    plot = c.height - 20
+    assert c.top == 40
+    right = [b for b in c.bars if b.x == (CHART_MINUTES - 1) * c.bar_width]
+    assert sorted(b.kind for b in right) == ["failed", "succeeded"]
+    ok = next(b for b in right if b.kind == "succeeded")
+    bad = next(b for b in right if b.kind == "failed")
+    assert ok.height == pytest.approx(plot * 30 / 40) and ok.y + ok.height == pytest.approx(plot)
+    assert bad.y + bad.height == pytest.approx(ok.y) and bad.y == pytest.approx(0)  # stacked
+    (left,) = [b for b in c.bars if b.x == 0]
+    assert left.height == pytest.approx(plot / 2) and "20 succeeded, 0 failed" in left.title
+    assert len(chart(minutes, NOW).bars) == 3  # the minute before the hour is not drawn
+    assert chart([], NOW).bars == [] and chart([], NOW).top == 0
+
+
+def test_the_jobs_query_reads_filters_and_the_keyset() -> None:
+    job = uuid.uuid4()
+    q = JobsQuery.parse(
+        {"state": "failed", "type": "mail", "q": f" {job} ", "since": "2026-11-30T10:00",
+         "before": f"{NOW.isoformat()},{job}"}
+    )  # fmt: skip
+    assert q.state is JobState.FAILED and q.type == "mail" and q.job_id == job
+    assert q.since == datetime(2026, 11, 30, 10, 0, tzinfo=UTC) and q.until is None
+    assert q.before == (NOW, job)
+    assert JobsQuery.parse({"q": "order-42"}).job_id is None
+    assert JobsQuery.parse({}) == JobsQuery(raw=JobsQuery.parse({}).raw)
+
+
+@pytest.mark.parametrize(
+    ("params", "error"),
+    [
+        ({"state": "done"}, "invalid state: 'done'"),
+        ({"type": "a b"}, "invalid job type 'a b'"),
+        ({"since": "yesterday"}, "invalid since: 'yesterday' is not a date and time"),
+        ({"before": "garbage"}, "invalid before"),
+    ],
+)
+def test_a_bad_query_names_what_is_wrong(params: dict[str, str], error: str) -> None:
+    with pytest.raises(ValueError, match=error):
+        JobsQuery.parse(params)
+
+
+def test_ages_and_stored_times_read_short() -> None:
+    assert [ago(s) for s in (None, 3, 300, 10_000, 500_000)] == ["-", "3 s", "5 min", "3 h", "6 d"]
+    assert when_text("2026-11-30T13:45:30.5+00:00") == "2026-11-30 13:45:30"
+    assert when_text(None) == "-" and when_text("not a time") == "not a time"
