@@ -26,12 +26,16 @@ def new_id() -> uuid.UUID:
     return uuid.uuid4()
 
 
+# one encoder: json.dumps with arguments builds a new one per call
+_encode = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+
+
 def dump_json(value: object, what: str = "payload") -> str:
     try:
-        text = json.dumps(value, separators=(",", ":"), allow_nan=False)
+        text = _encode(value)
     except (TypeError, ValueError) as exc:
         raise InvalidInput(f"{what} is not JSON-serializable: {exc}") from exc
-    if _JSON_NUL_RE.search(text):
+    if "\\u0000" in text and _JSON_NUL_RE.search(text):
         # Caught here, not by the server: in a batch one such value would fail the statement
         # for every job in it.
         raise InvalidInput(f"{what} contains a NUL character (\\u0000), which jsonb cannot store")
