@@ -28,6 +28,7 @@ from pgq_supervisor.db.params import (
 )
 from pgq_supervisor.errors import DatabaseError, InvalidInput
 from pgq_supervisor.jobs import Bundle, BundleId, JobId, NewJob, check_type_name
+from pgq_supervisor.tracing import current_traceparent
 
 _INT4_MIN, _INT4_MAX = -(2**31), 2**31 - 1  # the integer columns' range
 
@@ -112,6 +113,7 @@ def enqueue_params(job: NewJob) -> EnqueueRow:
         "timeout": job.timeout,
         "depends_on": (deps := _dependencies(job)),
         "on_dependency_failure": None if deps is None else job.on_dependency_failure,
+        "trace_context": current_traceparent(),
     }
 
 
@@ -235,6 +237,7 @@ def enqueue_many_params(jobs: Sequence[NewJob], bundle_id: BundleId | None) -> E
         "timeouts": timeouts,
         "depends_ons": depends_ons,
         "on_dependency_failures": on_failures,
+        "trace_context": current_traceparent(),
     }
 
 
@@ -351,6 +354,7 @@ def _enqueue_copy(
         payloads.append(dump_json(job.payload))
     ids = _sequential_uuid4s(len(jobs))
     bundle = _NULL if bundle_id is None else bundle_id.hex
+    trace_context = _copy_text(current_traceparent())
     types: dict[str, str] = {}  # each type of the batch, escaped once
     with wrapped(), conn.cursor() as cur, cur.copy(statement("enqueue_copy", schema)) as copy:
         for start in range(0, len(jobs), _COPY_CHUNK):
@@ -366,7 +370,7 @@ def _enqueue_copy(
                 lines.append(
                     f"{ids[i].int:032x}\t{bundle}\t{type_}\t{payload}\t{_copy_int(job.priority)}"
                     f"\t{_copy_int(job.max_retry_count)}\t{_copy_text(job.origin)}"
-                    f"\t{_copy_float(job.timeout)}\n"
+                    f"\t{_copy_float(job.timeout)}\t{trace_context}\n"
                 )
             copy.write("".join(lines))
     return [JobId(i) for i in ids]

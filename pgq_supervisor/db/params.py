@@ -59,10 +59,11 @@ class EnqueueRow(TypedDict):
     timeout: float | None
     depends_on: list[uuid.UUID] | None
     on_dependency_failure: str | None
+    trace_context: str | None
 
 
 class EnqueueManyParams(TypedDict):
-    """`enqueue_many`: one array per column, in input order (also the rows of `enqueue_copy`)."""
+    """`enqueue_many`: one array per column, in input order; one trace context for the call."""
 
     bundle_id: BundleId | None
     ids: list[uuid.UUID]
@@ -76,6 +77,7 @@ class EnqueueManyParams(TypedDict):
     timeouts: list[float | None]
     depends_ons: list[str | None]
     on_dependency_failures: list[str | None]
+    trace_context: str | None
 
 
 class LinkDependenciesParams(TypedDict):
