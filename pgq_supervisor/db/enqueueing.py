@@ -260,12 +260,12 @@ def _ascending_uuid4s(n: int) -> list[uuid.UUID]:
 _SEQUENCE_BITS = 32  # the low bits a batch counts in: up to 4 billion jobs per batch
 
 
-def _sequential_uuid4s(n: int) -> list[uuid.UUID]:
-    """n consecutive version-4 UUIDs from a random start (90 random bits per batch, the low
-    32 count up): ascending, as `_ascending_uuid4s`, without a random draw and a sort per id."""
+def _sequential_uuid4s_start() -> int:
+    """The first of up to 2**32 consecutive version-4 UUIDs (as ints) from a random start (90
+    random bits per batch, the low 32 count up): ascending, as `_ascending_uuid4s`, without a
+    random draw and a sort per id."""
     start = (int.from_bytes(os.urandom(16), "big") & _UUID4_MASK) | _UUID4_BITS
-    start &= ~((1 << _SEQUENCE_BITS) - 1)
-    return [uuid.UUID(int=start + k) for k in range(n)]
+    return start & ~((1 << _SEQUENCE_BITS) - 1)
 
 
 def enqueue_many(
@@ -352,7 +352,8 @@ def _enqueue_copy(
     for job in jobs:
         _validate(job)
         payloads.append(dump_json(job.payload))
-    ids = _sequential_uuid4s(len(jobs))
+    first_id = _sequential_uuid4s_start()
+    ids: list[JobId] = []  # made chunk by chunk, while the server inserts the chunk before
     bundle = _NULL if bundle_id is None else bundle_id.hex
     trace_context = _copy_text(current_traceparent())
     types: dict[str, str] = {}  # each type of the batch, escaped once
@@ -368,12 +369,13 @@ def _enqueue_copy(
                 if "\\" in payload:
                     payload = payload.replace("\\", "\\\\")
                 lines.append(
-                    f"{ids[i].int:032x}\t{bundle}\t{type_}\t{payload}\t{_copy_int(job.priority)}"
+                    f"{first_id + i:032x}\t{bundle}\t{type_}\t{payload}\t{_copy_int(job.priority)}"
                     f"\t{_copy_int(job.max_retry_count)}\t{_copy_text(job.origin)}"
                     f"\t{_copy_float(job.timeout)}\t{trace_context}\n"
                 )
             copy.write("".join(lines))
-    return [JobId(i) for i in ids]
+            ids += [JobId(uuid.UUID(int=first_id + i)) for i in range(start, start + len(lines))]
+    return ids
 
 
 def insert_bundle(
