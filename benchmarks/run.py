@@ -152,6 +152,9 @@ class Bench:
             ),
             "enqueue.bulk",
             "enqueue.bulk_bare",
+            "enqueue.bulk_copy",
+            # issue 15: >= 2x pgqueuer or >= 0.9x a bare COPY, whichever bound is lower
+            Ratio("ours / bare COPY", ("enqueue.bulk",), "enqueue.bulk_copy", Target(">=", 0.9)),
         ]
         for p in shown:
             self.order.append(f"peer.{p}.bulk")
@@ -235,6 +238,9 @@ class Bench:
             "bulk enqueue, bare INSERT … unnest (1,000 per statement)",
             "jobs/s",
         )
+        bulk_copy = res.measure(
+            "enqueue.bulk_copy", "bulk enqueue, bare COPY (1,000 rows per COPY)", "jobs/s"
+        )
         tag = f"run {r}/{o.runs}"
         steps = [
             self.single_step(
@@ -247,6 +253,11 @@ class Bench:
                 f"{tag} enqueue: bare INSERT … unnest, {o.bulk_jobs:,} jobs",
                 bulk_bare,
                 lambda: enqueue.bulk_bare(self.dsn, o.bulk_jobs),
+            ),
+            self.rate_step(
+                f"{tag} enqueue: bare COPY, {o.bulk_jobs:,} jobs",
+                bulk_copy,
+                lambda: enqueue.bulk_copy_bare(self.dsn, o.bulk_jobs),
             ),
             self.rate_step(
                 f"{tag} enqueue: pgq.enqueue_many, {o.bulk_jobs:,} jobs",

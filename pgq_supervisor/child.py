@@ -94,6 +94,7 @@ def child_spec(
         log_format=s.log_format,
         connect_timeout=s.connect_timeout,
         synchronous_commit=s.worker_synchronous_commit,
+        prepare_threshold=s.prepare_threshold,
     )
 
 

@@ -32,6 +32,8 @@ COMMANDS = ("run", "migrate", "enqueue", "demo", "dashboard", *admin.COMMANDS)
 # flag -> setting, for `run`; values are validated by Settings, not argparse
 RUN_FLAGS = {
     "--app": "app",
+    "--listen-dsn": "listen_dsn",
+    "--prepare-threshold": "prepare_threshold",
     "--procs": "procs",
     "--types": "types",
     "--heartbeat-interval": "heartbeat_interval",
@@ -195,7 +197,9 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
     dsn, _embedded = resolve_dsn(settings)
-    with db.connect_at_startup(dsn, settings.connect_timeout) as conn:
+    with db.connect_at_startup(
+        dsn, settings.connect_timeout, prepare_threshold=settings.prepare_threshold
+    ) as conn:
         done = migrations.migrate(conn, settings.db_schema)
     if done:
         print(f"applied migrations {', '.join(map(str, done))} to schema {settings.db_schema}")

@@ -33,7 +33,9 @@ def open_db(settings: Settings, *, migrate: bool = False) -> tuple[str, db.Conn]
     is behind (the embedded server, or `migrate=True`, migrates it instead).
     """
     dsn, embedded = resolve_dsn(settings)
-    conn = db.connect_at_startup(dsn, settings.connect_timeout)
+    conn = db.connect_at_startup(
+        dsn, settings.connect_timeout, prepare_threshold=settings.prepare_threshold
+    )
     try:
         if migrate or embedded:
             migrations.migrate(conn, settings.db_schema)

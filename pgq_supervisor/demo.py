@@ -199,7 +199,7 @@ def run_demo(dsn: str, settings: Settings, *, jobs: int, procs: int | None) -> i
     origin = f"demo:{uuid.uuid4().hex[:8]}"
     procs = procs or min(4, os.cpu_count() or 2)
     log_path = _new_log_path()
-    with db.connect(dsn) as conn:
+    with db.connect(dsn, prepare_threshold=settings.prepare_threshold) as conn:
         total, bundle = enqueue_demo_jobs(conn, schema, origin, jobs)
         print(f"supervisor: {procs} procs, its log in {log_path}\n", flush=True)
         sup = _start_supervisor(dsn, settings, procs, log_path)

@@ -128,6 +128,7 @@ class JobRecord:
     # some job depends on this one (its terminal transitions release or cancel them)
     has_dependents: bool = False
     concurrency_key: str | None = None
+    trace_context: str | None = None  # W3C traceparent at enqueue (OpenTelemetry)
 
     @property
     def attempt(self) -> int:
@@ -152,6 +153,8 @@ class Job:
     # the results of its dependencies as of the claim, by id (a purged one is missing); empty
     # for a job without dependencies, which the claim does not look up
     dependency_results: Mapping[JobId, JsonValue] = field(default_factory=dict)
+    # the W3C traceparent current at enqueue (OpenTelemetry), None without one
+    trace_context: str | None = None
 
     def report_progress(self, value: float | JsonObject) -> None:
         """Report how far this job has come: a number from 0 to 1, or a small JSON object

@@ -40,8 +40,10 @@ class Listener:
         *,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
+        prepare_threshold: int | None = db.PREPARE_THRESHOLD,
     ) -> None:
         self._dsn = dsn
+        self._prepare_threshold = prepare_threshold
         self._conn: db.Conn | None = None
         self.backoff = Backoff(initial=0.25, maximum=5.0, clock=clock, rng=rng)
 
@@ -57,7 +59,11 @@ class Listener:
         if self.connected or not self.backoff.ready():
             return False
         try:
-            conn = db.connect(self._dsn, application_name="pgq-supervisor-listen")
+            conn = db.connect(
+                self._dsn,
+                application_name="pgq-supervisor-listen",
+                prepare_threshold=self._prepare_threshold,
+            )
             for channel in CHANNELS:
                 db.listen(conn, channel)
         except DatabaseError as exc:

@@ -63,8 +63,16 @@ class ControlConnection:
     """The supervisor's own connection: it settles dead children's jobs and runs the database
     services. Connects when first used, again after a failure, no sooner than its backoff."""
 
-    def __init__(self, dsn: str, *, clock: Clock, rng: random.Random) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        clock: Clock,
+        rng: random.Random,
+        prepare_threshold: int | None = db.PREPARE_THRESHOLD,
+    ) -> None:
         self._dsn = dsn
+        self._prepare_threshold = prepare_threshold
         self._conn: db.Conn | None = None
         self.backoff = Backoff(initial=0.25, maximum=5.0, clock=clock, rng=rng)
         self.ok = False  # the last use succeeded (readiness)
@@ -88,7 +96,11 @@ class ControlConnection:
         if not self.backoff.ready():
             raise ControlDown("control connection down", self.backoff.retry_at)
         try:
-            self._conn = db.connect(self._dsn, application_name="pgq-supervisor")
+            self._conn = db.connect(
+                self._dsn,
+                application_name="pgq-supervisor",
+                prepare_threshold=self._prepare_threshold,
+            )
         except DatabaseError as exc:
             self.ok = False
             delay = self.backoff.failed()

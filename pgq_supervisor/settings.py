@@ -37,6 +37,12 @@ class Settings(BaseSettings):
     )
 
     dsn: str | None = Field(None, description="PostgreSQL connection string; unset = embedded")
+    listen_dsn: str | None = Field(
+        None, description="DSN of the supervisor's LISTEN connection only; unset = dsn"
+    )
+    prepare_threshold: int | None = Field(
+        5, ge=0, description="psycopg's prepare_threshold; none = no server-side prepares"
+    )
     app: str | None = Field(None, description="module:attribute of the handlers' Registry")
     procs: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1, le=512)
     types: list[str] | None = Field(None, description="serve only these job types")
@@ -90,7 +96,14 @@ class Settings(BaseSettings):
             return [t.strip() for t in value.split(",") if t.strip()]
         return value
 
-    @field_validator("dsn")
+    @field_validator("prepare_threshold", mode="before")
+    @classmethod
+    def _none(cls, value: object) -> object:
+        if isinstance(value, str) and value.strip().lower() in ("none", "null", ""):
+            return None
+        return value
+
+    @field_validator("dsn", "listen_dsn")
     @classmethod
     def _parse_dsn(cls, value: str | None) -> str | None:
         if value is not None:

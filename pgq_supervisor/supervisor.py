@@ -144,8 +144,16 @@ class Supervisor:
             signal.SIGTTIN: self.handle_sigttin,
             signal.SIGTTOU: self.handle_sigttou,
         }
-        self.listener = Listener(dsn, clock=clock, rng=self.rng)
-        self.control = ControlConnection(dsn, clock=clock, rng=self.rng)
+        # LISTEN is session state: behind a transaction pooler it needs a direct connection
+        self.listener = Listener(
+            settings.listen_dsn or dsn,
+            clock=clock,
+            rng=self.rng,
+            prepare_threshold=settings.prepare_threshold,
+        )
+        self.control = ControlConnection(
+            dsn, clock=clock, rng=self.rng, prepare_threshold=settings.prepare_threshold
+        )
         self.deaths = Deaths(self.schema, registry, self.metrics, self.rng)
         now = clock()
         self.services = services or Services.from_settings(

@@ -69,6 +69,7 @@ class ChildSpec:
     log_format: str
     connect_timeout: float = 30.0
     synchronous_commit: bool = False
+    prepare_threshold: int | None = db.PREPARE_THRESHOLD
 
 
 def child_main(spec: ChildSpec, pipe: Connection, slot: JobSlot) -> None:
@@ -83,7 +84,12 @@ def child_main(spec: ChildSpec, pipe: Connection, slot: JobSlot) -> None:
         pipe.send(BootFailed(str(exc), app_error=True))
         sys.exit(ExitCode.CHILD_BOOT_FAILURE)
     try:
-        conn = connect_retrying(spec.dsn, spec.connect_timeout, spec.synchronous_commit)
+        conn = connect_retrying(
+            spec.dsn,
+            spec.connect_timeout,
+            spec.synchronous_commit,
+            prepare_threshold=spec.prepare_threshold,
+        )
     except DatabaseError as exc:
         pipe.send(BootFailed(str(exc), app_error=False))
         sys.exit(ExitCode.CHILD_BOOT_FAILURE)
@@ -100,12 +106,21 @@ def _trim_heap() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
-def connect_retrying(dsn: str, timeout: float, synchronous_commit: bool) -> db.Conn:
+def connect_retrying(
+    dsn: str,
+    timeout: float,
+    synchronous_commit: bool,
+    *,
+    prepare_threshold: int | None = db.PREPARE_THRESHOLD,
+) -> db.Conn:
     """Connect, retrying with a jittered backoff for up to `timeout` seconds."""
     backoff = Backoff(initial=0.1, maximum=2.0)
     return backoff.retry(
         lambda: db.connect(
-            dsn, application_name="pgq-worker", synchronous_commit=synchronous_commit
+            dsn,
+            application_name="pgq-worker",
+            synchronous_commit=synchronous_commit,
+            prepare_threshold=prepare_threshold,
         ),
         retry_on=DatabaseError,
         deadline=backoff.clock() + timeout,
@@ -285,6 +300,7 @@ class Worker:
             self.spec.dsn,
             application_name=application_name,
             synchronous_commit=self.spec.synchronous_commit,
+            prepare_threshold=self.spec.prepare_threshold,
         )
 
     def _database_error(self, exc: DatabaseError) -> None:

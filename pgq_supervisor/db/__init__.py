@@ -24,6 +24,7 @@ from pgq_supervisor.db.admin import (
 )
 from pgq_supervisor.db.connection import (
     DEFAULT_SCHEMA,
+    PREPARE_THRESHOLD,
     AsyncConn,
     Conn,
     connect,
@@ -98,6 +99,7 @@ from pgq_supervisor.db.watching import (
 
 __all__ = [
     "DEFAULT_SCHEMA",
+    "PREPARE_THRESHOLD",
     "AsyncConn",
     "CancelResult",
     "ClaimArgs",

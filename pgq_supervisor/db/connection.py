@@ -21,6 +21,9 @@ Conn = psycopg.Connection[TupleRow]
 AsyncConn = psycopg.AsyncConnection[TupleRow]
 
 DEFAULT_SCHEMA = "pgq"
+# psycopg's own default: a statement is prepared on the server from its fifth use. None turns
+# that off, for PgBouncer in transaction mode without max_prepared_statements (before 1.21).
+PREPARE_THRESHOLD = 5
 
 
 def default_schema() -> str:
@@ -77,13 +80,19 @@ def connect(
     autocommit: bool = True,
     application_name: str = "pgq_supervisor",
     synchronous_commit: bool = True,
+    prepare_threshold: int | None = PREPARE_THRESHOLD,
 ) -> Conn:
     """A connection. `synchronous_commit=False` is for the queue's own bookkeeping only (claims,
     heartbeats, completions): a commit lost in a server crash then means the job runs again,
     never that it is lost. Behind PgBouncer in transaction mode a session SET would leak to
     other clients, so such deployments keep it on (setting `worker_synchronous_commit`)."""
     with wrapped():
-        conn = psycopg.connect(dsn, autocommit=autocommit, application_name=application_name)
+        conn = psycopg.connect(
+            dsn,
+            autocommit=autocommit,
+            application_name=application_name,
+            prepare_threshold=prepare_threshold,
+        )
         if not synchronous_commit:
             conn.execute(statement("asynchronous_commit", DEFAULT_SCHEMA))
         return conn
@@ -99,7 +108,9 @@ def redact(dsn: str) -> str:
     return " ".join(f"{k}={v}" for k, v in params.items())
 
 
-def connect_at_startup(dsn: str, timeout: float) -> Conn:
+def connect_at_startup(
+    dsn: str, timeout: float, *, prepare_threshold: int | None = PREPARE_THRESHOLD
+) -> Conn:
     """Connect, retrying a database that is not reachable yet for up to `timeout` seconds.
 
     Wrong password, unknown user and missing database fail at once: waiting cannot fix them.
@@ -109,7 +120,11 @@ def connect_at_startup(dsn: str, timeout: float) -> Conn:
     try:
         return backoff.retry(
             lambda: psycopg.connect(
-                dsn, autocommit=True, application_name="pgq-supervisor", connect_timeout=5
+                dsn,
+                autocommit=True,
+                application_name="pgq-supervisor",
+                connect_timeout=5,
+                prepare_threshold=prepare_threshold,
             ),
             retry_on=psycopg.OperationalError,
             deadline=backoff.clock() + timeout,

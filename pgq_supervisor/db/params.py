@@ -26,12 +26,16 @@ def new_id() -> uuid.UUID:
     return uuid.uuid4()
 
 
+# one encoder: json.dumps with arguments builds a new one per call
+_encode = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+
+
 def dump_json(value: object, what: str = "payload") -> str:
     try:
-        text = json.dumps(value, separators=(",", ":"), allow_nan=False)
+        text = _encode(value)
     except (TypeError, ValueError) as exc:
         raise InvalidInput(f"{what} is not JSON-serializable: {exc}") from exc
-    if _JSON_NUL_RE.search(text):
+    if "\\u0000" in text and _JSON_NUL_RE.search(text):
         # Caught here, not by the server: in a batch one such value would fail the statement
         # for every job in it.
         raise InvalidInput(f"{what} contains a NUL character (\\u0000), which jsonb cannot store")
@@ -56,10 +60,11 @@ class EnqueueRow(TypedDict):
     depends_on: list[uuid.UUID] | None
     on_dependency_failure: str | None
     concurrency_key: str | None
+    trace_context: str | None
 
 
 class EnqueueManyParams(TypedDict):
-    """`enqueue_many`: one array per column, in input order (also the rows of `enqueue_copy`)."""
+    """`enqueue_many`: one array per column, in input order; one trace context for the call."""
 
     bundle_id: BundleId | None
     ids: list[uuid.UUID]
@@ -74,6 +79,7 @@ class EnqueueManyParams(TypedDict):
     depends_ons: list[str | None]
     on_dependency_failures: list[str | None]
     concurrency_keys: list[str | None]
+    trace_context: str | None
 
 
 class LinkDependenciesParams(TypedDict):

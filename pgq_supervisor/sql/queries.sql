@@ -6,21 +6,21 @@
 -- A job with dependencies goes in waiting (waiting_on > 0: out of the claim's index) until
 -- link_dependencies counts them.
 INSERT INTO {schema}.job (id, type, payload, priority, start_at, max_retry_count, origin, timeout,
-                          depends_on, on_dependency_failure, waiting_on, concurrency_key)
+                          depends_on, on_dependency_failure, waiting_on, concurrency_key, trace_context)
 VALUES (%(id)s, %(type)s, %(payload)s, %(priority)s, coalesce(%(start_at)s, now()),
         %(max_retry_count)s, %(origin)s, %(timeout)s, %(depends_on)s::uuid[],
         %(on_dependency_failure)s, coalesce(cardinality(%(depends_on)s::uuid[]), 0),
-        %(concurrency_key)s)
+        %(concurrency_key)s, %(trace_context)s)
 
 -- name: enqueue_unique
 -- One job. A unique_key already held by an unfinished job makes this insert nothing.
 INSERT INTO {schema}.job (id, type, payload, priority, start_at, max_retry_count, unique_key,
                           origin, timeout, depends_on, on_dependency_failure, waiting_on,
-                          concurrency_key)
+                          concurrency_key, trace_context)
 VALUES (%(id)s, %(type)s, %(payload)s, %(priority)s, coalesce(%(start_at)s, now()),
         %(max_retry_count)s, %(unique_key)s, %(origin)s, %(timeout)s, %(depends_on)s::uuid[],
         %(on_dependency_failure)s, coalesce(cardinality(%(depends_on)s::uuid[]), 0),
-        %(concurrency_key)s)
+        %(concurrency_key)s, %(trace_context)s)
 ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state IN ('pending', 'running')
 DO NOTHING
 RETURNING id
@@ -32,10 +32,11 @@ RETURNING id
 -- rectangular), NULL for none.
 INSERT INTO {schema}.job (id, bundle_id, type, payload, priority, start_at, max_retry_count,
                           unique_key, origin, timeout, depends_on, on_dependency_failure,
-                          waiting_on, concurrency_key)
+                          waiting_on, concurrency_key, trace_context)
 SELECT n.id, %(bundle_id)s, n.type, n.payload, n.priority, coalesce(n.start_at, now()),
        n.max_retry_count, n.unique_key, n.origin, n.timeout, n.depends_on::uuid[], n.on_failure,
-       coalesce(cardinality(n.depends_on::uuid[]), 0), n.concurrency_key
+       coalesce(cardinality(n.depends_on::uuid[]), 0), n.concurrency_key,
+       %(trace_context)s
 FROM unnest(%(ids)s::uuid[], %(types)s::text[], %(payloads)s::jsonb[], %(priorities)s::int[],
             %(start_ats)s::timestamptz[], %(max_retry_counts)s::int[], %(unique_keys)s::text[],
             %(origins)s::text[], %(timeouts)s::float8[], %(depends_ons)s::text[],
@@ -88,7 +89,7 @@ WITH claimed AS (
       AND j.started_at IS NULL AND j.stopped_at IS NULL
     RETURNING j.id, j.type, j.payload, j.priority, j.current_retry_count + 1 AS attempt,
               j.max_retry_count, j.timeout, j.bundle_id, j.lease, j.created_at,
-              j.depends_on AS dependencies,
+              j.depends_on AS dependencies, j.trace_context,
               -- CASE: a job without dependencies never runs the sub-select
               CASE WHEN j.depends_on IS NOT NULL THEN
                   (SELECT jsonb_object_agg(d.id, d.result) FROM {schema}.job d
@@ -96,7 +97,7 @@ WITH claimed AS (
               END AS dependency_results
 )
 SELECT c.id, c.type, c.payload, c.priority, c.attempt, c.max_retry_count, c.timeout,
-       c.bundle_id, c.lease, c.dependencies, c.dependency_results
+       c.bundle_id, c.lease, c.dependencies, c.dependency_results, c.trace_context
 FROM claimed c
 ORDER BY c.priority DESC, c.created_at, c.id
 
@@ -210,7 +211,7 @@ claimed AS (
       AND j.started_at IS NULL AND j.stopped_at IS NULL
     RETURNING j.id, j.type, j.payload, j.priority, j.current_retry_count + 1 AS attempt,
               j.max_retry_count, j.timeout, j.bundle_id, j.lease, j.created_at,
-              j.depends_on AS dependencies,
+              j.depends_on AS dependencies, j.trace_context,
               -- CASE: a job without dependencies never runs the sub-select
               CASE WHEN j.depends_on IS NOT NULL THEN
                   (SELECT jsonb_object_agg(d.id, d.result) FROM {schema}.job d
@@ -225,7 +226,8 @@ SELECT (SELECT coalesce(array_agg(d.id), ARRAY[]::uuid[]) FROM done d CROSS JOIN
        array_agg(c.bundle_id) AS bundle_id,
        -- jsonb: array_agg cannot stack uuid[] of different lengths (or NULL ones)
        array_agg(to_jsonb(c.dependencies)) AS dependencies,
-       array_agg(c.dependency_results) AS dependency_results
+       array_agg(c.dependency_results) AS dependency_results,
+       array_agg(c.trace_context) AS trace_context
 FROM (SELECT * FROM claimed c ORDER BY c.priority DESC, c.created_at, c.id) c
 
 -- name: end_attempt
@@ -343,7 +345,8 @@ FROM done
 SELECT id, bundle_id, type, payload, priority, origin, state, max_retry_count,
        current_retry_count, start_at, started_at, stopped_at, worker_alive_at, worker_id,
        timeout, unique_key, result, error_msg, error_data, attempts, created_at, updated_at,
-       progress, waiting_on, depends_on, on_dependency_failure, has_dependents, concurrency_key
+       progress, waiting_on, depends_on, on_dependency_failure, has_dependents, concurrency_key,
+       trace_context
 FROM {schema}.job WHERE id = %(id)s
 
 -- name: job_states
@@ -354,7 +357,8 @@ SELECT id, state FROM {schema}.job WHERE id = ANY(%(ids)s::uuid[])
 SELECT id, bundle_id, type, payload, priority, origin, state, max_retry_count,
        current_retry_count, start_at, started_at, stopped_at, worker_alive_at, worker_id,
        timeout, unique_key, result, error_msg, error_data, attempts, created_at, updated_at,
-       progress, waiting_on, depends_on, on_dependency_failure, has_dependents, concurrency_key
+       progress, waiting_on, depends_on, on_dependency_failure, has_dependents, concurrency_key,
+       trace_context
 FROM {schema}.job WHERE id = ANY(%(ids)s::uuid[])
 
 -- name: set_progress
@@ -384,7 +388,8 @@ FROM {schema}.job_bundle WHERE id = %(id)s
 SELECT id, bundle_id, type, payload, priority, origin, state, max_retry_count,
        current_retry_count, start_at, started_at, stopped_at, worker_alive_at, worker_id,
        timeout, unique_key, result, error_msg, error_data, attempts, created_at, updated_at,
-       progress, waiting_on, depends_on, on_dependency_failure, has_dependents, concurrency_key
+       progress, waiting_on, depends_on, on_dependency_failure, has_dependents, concurrency_key,
+       trace_context
 FROM {schema}.job
 WHERE state = %(state)s AND (%(type)s::text IS NULL OR type = %(type)s)
 ORDER BY updated_at DESC
@@ -473,10 +478,10 @@ SET LOCAL synchronous_commit = on
 SET synchronous_commit = off
 
 -- name: enqueue_copy
--- The bulk fast path (no unique_key, no start_at, no concurrency_key in the batch): COPY
--- skips the per-row executor work of INSERT ... SELECT unnest. Triggers still fire once per
--- statement.
-COPY {schema}.job (id, bundle_id, type, payload, priority, max_retry_count, origin, timeout)
+-- The bulk fast path (no unique_key, no start_at in the batch): COPY skips the per-row
+-- executor work of INSERT ... SELECT unnest. Triggers still fire once per statement.
+COPY {schema}.job (id, bundle_id, type, payload, priority, max_retry_count, origin, timeout,
+                   trace_context, concurrency_key)
 FROM STDIN
 
 -- name: schedule_declare

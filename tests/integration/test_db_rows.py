@@ -72,6 +72,8 @@ def test_get_job_reads_every_column_by_name(conn: Conn) -> None:
     make_due(conn, job_id)
     running = claim_one(conn, "t", worker_id="w-2")
     assert db.set_progress(conn, SCHEMA, [(job_id, running.lease, '{"done": 3}')]) == {job_id}
+    # enqueue writes it only under a recording OpenTelemetry span (test_tracing.py)
+    conn.execute("UPDATE pgq.job SET trace_context = 'tp' WHERE id = %s", (job_id,))
     seen |= _assert_record_is_the_row(conn, db.get_job(conn, SCHEMA, job_id))
     assert db.succeed(conn, SCHEMA, running.lease, [(running.id, '{"ok": true}')]) == {job_id}
     seen |= _assert_record_is_the_row(conn, db.get_job(conn, SCHEMA, job_id))

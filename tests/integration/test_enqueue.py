@@ -6,6 +6,7 @@ import asyncio
 from datetime import timedelta
 
 import psycopg
+import pytest
 from psycopg_pool import ConnectionPool
 
 import pgq_supervisor as pgq
@@ -166,3 +167,48 @@ def test_producer_enqueues_through_a_pool(dsn: str, conn: Conn) -> None:
 
 def _payloads(listener: Listener) -> list[str]:
     return listener.collect()[AVAILABLE]
+
+
+# COPY's text format escapes backslash, tab, newline and CR, and spells NULL \N: each appears
+# here, where a formatting slip would store something else or shift a column.
+AWKWARD = [
+    pgq.NewJob("plain"),
+    pgq.NewJob(
+        "back\\slash",
+        {"s": 'a\\b\t"c"\n\r\\N', "u": "é ✓ \U0001f600", "n": [1.5, None, True]},
+        priority=-7,
+        max_retry_count=0,
+        origin="tab\there\\N\nnew\rline",
+        timeout=0.25,
+    ),
+    pgq.NewJob("\\N", [], priority=2**31 - 1, origin="", timeout=3),
+]
+
+
+def test_bulk_copy_stores_every_field_as_given_in_input_order(conn: Conn) -> None:
+    bundle = pgq.enqueue_bundle(conn, "awkward", AWKWARD)
+    ids = pgq.enqueue_many(conn, AWKWARD * 80)  # 240 jobs: several chunks of the COPY
+    for job_id, job in zip(ids, AWKWARD * 80, strict=True):
+        got = get(conn, job_id)
+        assert (got.type, got.payload, got.priority, got.max_retry_count) == (
+            job.type, job.payload, job.priority, job.max_retry_count,
+        )  # fmt: skip
+        assert (got.origin, got.timeout, got.bundle_id) == (job.origin, job.timeout, None)
+    in_bundle = conn.execute("SELECT count(*) FROM pgq.job WHERE bundle_id = %s", (bundle.id,))
+    assert in_bundle.fetchone() == (len(AWKWARD),)
+    claimed = [claim_one(conn, "plain") for _ in range(81)]  # the bundle's first
+    assert [c.id for c in claimed[1:]] == ids[::3], "a batch is claimed in its order"
+
+
+def test_a_bad_job_late_in_a_bulk_batch_writes_nothing(conn: Conn) -> None:
+    with conn.transaction():
+        bad = pgq.NewJob("t", {"x": object()})  # type: ignore[dict-item]
+        batch = [pgq.NewJob("t")] * 999 + [bad]
+        with pytest.raises(pgq.InvalidInput, match="payload"):
+            pgq.enqueue_many(conn, batch)
+        late = pgq.NewJob("t", priority=1.5)  # type: ignore[arg-type]
+        with pytest.raises(pgq.InvalidInput, match="priority"):
+            pgq.enqueue_many(conn, [pgq.NewJob("t")] * 500 + [late])
+        assert count_rows(conn) == 0
+        pgq.enqueue_many(conn, [pgq.NewJob("t")])  # the transaction is still usable
+    assert count_rows(conn) == 1

@@ -41,6 +41,7 @@ JOB_COLUMNS = {
     "created_at": ("timestamp with time zone", False),
     "updated_at": ("timestamp with time zone", False),
     "waiting_on": ("integer", False),
+    "trace_context": ("text", True),
     "depends_on": ("ARRAY", True),
     "on_dependency_failure": ("text", True),
     "has_dependents": ("boolean", False),

@@ -98,3 +98,17 @@ def test_unparsable_dsn_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="invalid setting dsn"):
         load_settings(dsn="host=a port")
     assert load_settings(dsn="postgresql://u@h/db").dsn == "postgresql://u@h/db"
+
+
+def test_listen_dsn_and_prepare_threshold(monkeypatch: pytest.MonkeyPatch) -> None:
+    s = load_settings()
+    assert (s.listen_dsn, s.prepare_threshold) == (None, 5)  # listen_dsn unset: the dsn
+    monkeypatch.setenv("PGQ_PREPARE_THRESHOLD", "None")
+    monkeypatch.setenv("PGQ_LISTEN_DSN", "host=db port=5432")
+    s = load_settings()
+    assert (s.listen_dsn, s.prepare_threshold) == ("host=db port=5432", None)
+    assert load_settings(prepare_threshold="0").prepare_threshold == 0
+    with pytest.raises(ConfigError, match="invalid setting prepare_threshold"):
+        load_settings(prepare_threshold="-1")
+    with pytest.raises(ConfigError, match="invalid setting listen_dsn"):
+        load_settings(listen_dsn="host=a port")
