@@ -346,9 +346,9 @@ def assert_declared_schema(conn: Conn, s: str) -> None:
         "job_dependency",
         "schedule",
         "schema_version",
+        "supervisor",
         "type_limit",
         "type_limit_stripe",
-        "supervisor",
         "type_pause",
         "type_rate",
     ]
