@@ -13,7 +13,16 @@ from multiprocessing.process import BaseProcess
 from typing import Protocol
 
 from pgq_supervisor.errors import ExitCode
-from pgq_supervisor.ipc import BootFailed, FromChild, JobSlot, SlotView, Stop, ToChild, Wake
+from pgq_supervisor.ipc import (
+    BootFailed,
+    CancelJob,
+    FromChild,
+    JobSlot,
+    SlotView,
+    Stop,
+    ToChild,
+    Wake,
+)
 from pgq_supervisor.jobs import JobId
 from pgq_supervisor.settings import Settings
 from pgq_supervisor.worker import ChildSpec, child_main
@@ -80,6 +89,7 @@ def child_spec(
         log_format=s.log_format,
         connect_timeout=s.connect_timeout,
         synchronous_commit=s.worker_synchronous_commit,
+        concurrency=s.concurrency,
     )
 
 
@@ -222,12 +232,15 @@ class Child:
         self.state = ChildState.TERMINATING
         self.proc.terminate()
 
-    def stop_cancelled(self, now: float, job_id: JobId) -> None:
-        """Stop `job_id`, which was cancelled while this child runs it. A sync handler cannot
-        be interrupted inside the process: SIGTERM (SIGKILL after KILL_GRACE), and the loop
-        respawns the child. (An async child would be sent a message to cancel the job's task
-        instead, and stay.)"""
-        self.terminate(now, CANCELLED, job_id)
+    def stop_cancelled(self, now: float, job: SlotView) -> None:
+        """Stop `job`, which was cancelled while this child runs it. An async job (its slot
+        entry has a grace) is cancelled by the child, told so; the child stays. A sync handler
+        cannot be interrupted inside the process: SIGTERM (SIGKILL after KILL_GRACE), the loop
+        respawns the child, and its other jobs go back without an attempt."""
+        if job.grace > 0 and self.send(CancelJob(job.job_id)):
+            self.cancelled.discard(job.job_id)
+            return
+        self.terminate(now, CANCELLED, job.job_id)
 
     def kill(self, reason: str | None = None) -> None:
         """SIGKILL. `reason` replaces the attempt's error (SHUTDOWN: the job is released)."""
@@ -255,10 +268,20 @@ class Child:
     def current_job(self) -> SlotView | None:
         return self.slot.read()
 
+    def current_jobs(self) -> list[SlotView]:
+        """Every job in flight (one at most, unless the child runs many at once)."""
+        return self.slot.read_all()
+
     def overdue_job(self, now: float) -> SlotView | None:
-        """The job in hand if it outran its timeout by `now` (the supervisor's clock, which
-        must share the slot's time base: time.monotonic, or a test's fake clock)."""
-        job = self.slot.read()
-        if job is None or job.timeout is None or now - job.started <= job.timeout:
-            return None
-        return job
+        """A job in hand that outran its timeout (and its grace, an async job the child
+        cancels itself) by `now` (the supervisor's clock, which must share the slot's time
+        base: time.monotonic, or a test's fake clock)."""
+        if self.slot.capacity == 1:
+            job = self.slot.read()
+            if job is None or job.timeout is None or now - job.started <= job.timeout + job.grace:
+                return None
+            return job
+        for job in self.slot.read_all():
+            if job.timeout is not None and now - job.started > job.timeout + job.grace:
+                return job
+        return None

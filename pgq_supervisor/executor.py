@@ -8,6 +8,7 @@ message, the data, whether the attempt may be retried and after how long, from t
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import random
@@ -106,6 +107,32 @@ class Executor:
             payload = handler.validate(job.payload)
             with reporting(self.progress):
                 result = _result_json(self._call(handler, job, payload, conn))
+        except Exception as exc:  # the handler's failure is the job's outcome, never ours
+            return self.failed(job, exc, self.clock() - start)
+        return Ran(job, result, None, self.clock() - start)
+
+    async def run_async(self, job: Job, conn: db.AsyncConn | None = None) -> Ran:
+        """`run` for an `async def` handler, awaited on the caller's loop. Cancelling the
+        awaiting task cancels the handler (CancelledError is not the job's failure: it
+        propagates)."""
+        handler = self.registry.handlers.get(job.type)
+        start = self.clock()
+        if handler is None:
+            return self.failed(job, InvalidInput(f"no handler for {job.type!r}"), 0.0)
+        if handler.wants_conn and conn is None:
+            raise ValueError(f"handler {job.type!r} takes conn: run it with a connection")
+        kwargs: dict[str, object] = {}
+        if handler.wants_job:
+            kwargs["job"] = job
+        if handler.wants_conn:
+            kwargs["conn"] = conn
+        try:
+            payload = handler.validate(job.payload)
+            with reporting(self.progress):
+                value = handler.func(payload, **kwargs)
+                if inspect.isawaitable(value):
+                    value = await value
+                result = _result_json(value)
         except Exception as exc:  # the handler's failure is the job's outcome, never ours
             return self.failed(job, exc, self.clock() - start)
         return Ran(job, result, None, self.clock() - start)
