@@ -10,7 +10,7 @@ from pathlib import Path
 
 from benchmarks.report import Json
 
-GROUPS = ("enqueue", "drain", "deps", "cpu", "wake", "kill", "cancel")
+GROUPS = ("enqueue", "drain", "deps", "cpu", "io", "wake", "kill", "cancel")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
