@@ -183,10 +183,17 @@ class Bench:
         if "io" in self.opts.groups:
             self.order += ["io.async", "io.threads"]
             if "pgqueuer" in shown:
-                self.order.append("peer.pgqueuer.io")
+                self.order += ["peer.pgqueuer.io", "peer.pgqueuer.io_capped"]
                 self.order.append(
                     Ratio(
                         "ours / pgqueuer, I/O", ("io.async",), "peer.pgqueuer.io", Target(">=", 1)
+                    )
+                )
+                self.order.append(
+                    Ratio(
+                        "ours / pgqueuer, I/O, same jobs in flight",
+                        ("io.async",),
+                        "peer.pgqueuer.io_capped",
                     )
                 )
         self.order += ["wake.p50", "wake.p99", "kill.rerun", "cancel.free", "rss.idle"]
@@ -358,19 +365,27 @@ class Bench:
 
             steps.append(self.drained_step(f"{tag}, {kind}, --concurrency {concurrency}", m, run))
         if "pgqueuer" in active_peers:
-            m = self.results.measure(
-                "peer.pgqueuer.io",
-                f"I/O-bound asyncio.sleep {IO_SECONDS * 1000:g} ms, pgqueuer"
-                f" ({peers.describe_workers('pgqueuer')})",
-                "jobs/s",
+            # its best (no cap on jobs in flight), and capped at our 2 x 100 in flight
+            per_manager = (
+                IO_PROCS * IO_ASYNC_CONCURRENCY // (peers.PGQUEUER_PROCS * peers.PGQUEUER_MANAGERS)
             )
-            steps.append(
-                self.drained_step(
-                    f"{tag}, pgqueuer",
-                    m,
-                    lambda: peers.drain("pgqueuer", self.peer_dsn["pgqueuer"], IO_JOBS, IO_SECONDS),
+            for key, cap, what in (
+                ("peer.pgqueuer.io", None, "no cap in flight"),
+                ("peer.pgqueuer.io_capped", per_manager, f"max_concurrent_tasks {per_manager}"),
+            ):
+                m = self.results.measure(
+                    key,
+                    f"I/O-bound asyncio.sleep {IO_SECONDS * 1000:g} ms, pgqueuer"
+                    f" ({peers.describe_workers('pgqueuer')}, {what})",
+                    "jobs/s",
                 )
-            )
+
+                def peer_run(cap: int | None = cap) -> drain.Drained:
+                    return peers.drain(
+                        "pgqueuer", self.peer_dsn["pgqueuer"], IO_JOBS, IO_SECONDS, cap
+                    )
+
+                steps.append(self.drained_step(f"{tag}, pgqueuer, {what}", m, peer_run))
         return steps
 
     @property
