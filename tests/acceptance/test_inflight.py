@@ -9,7 +9,7 @@ import signal
 
 import pgq_supervisor as pgq
 from tests.acceptance.conftest import Conn
-from tests.acceptance.helpers import FAST, Supervisor, wait_for
+from tests.acceptance.helpers import FAST, Supervisor, run_cli, wait_for
 
 APP = "pgq_async_app:registry"
 
@@ -36,11 +36,12 @@ def _all_finished(db: Conn, total: int) -> dict[str, int] | None:
     return counts if finished == total else None
 
 
-def _most_at_once(db: Conn) -> int:
+def _most_at_once(db: Conn, type_: str | None = None) -> int:
     """The most handlers that ran at one moment, from the spans their results recorded."""
     rows = db.execute(
         "SELECT (result->>'start')::float8, (result->>'end')::float8 FROM pgq.job"
-        " WHERE state = 'succeeded'"
+        " WHERE state = 'succeeded' AND (%s::text IS NULL OR type = %s)",
+        (type_, type_),
     ).fetchall()
     edges = sorted(
         [(float(s), 1) for s, _ in rows] + [(float(e), -1) for _, e in rows],  # type: ignore[arg-type]
@@ -136,6 +137,7 @@ def test_a_thread_timeout_kills_the_child_and_spares_the_others(
     assert _attempt_kinds(db, "thang") == ["timeout"]
     wait_for("the others succeeded", lambda: _no_extra_attempts(db, "tsleep") == (40, 40), 30)
     assert "outran its timeout" in sup.log()
+    assert _most_at_once(db, "tsleep") > 1, "the threads never ran side by side"
     assert sup.stop() == 0
 
 
@@ -186,3 +188,42 @@ def test_sigterm_drains_or_releases_every_job_in_flight(
         "SELECT count(*) FROM pgq.job WHERE current_retry_count > 0 OR attempts <> '[]'"
     ).fetchone()
     assert charged == (0,), "a job released at shutdown consumed an attempt"
+
+
+def test_a_handler_caps_its_own_type_below_the_childs_concurrency(
+    dsn: str, db: Conn, sups: list[Supervisor]
+) -> None:
+    sup = _start(sups, dsn, "--procs", "1", "--concurrency", "20", *FAST)
+    sup.wait_ready(1)
+    pgq.enqueue_many(
+        db,
+        [pgq.NewJob("acapped", {"seconds": 0.2}) for _ in range(15)]
+        + [pgq.NewJob("asleep", {"seconds": 0.2}) for _ in range(30)],
+    )
+    assert wait_for("all jobs finished", lambda: _all_finished(db, 45), 30) == {"succeeded": 45}
+    assert 2 <= _most_at_once(db, "acapped") <= 3
+    assert _most_at_once(db) > 3, "the cap held back the other type"
+    assert sup.stop() == 0
+
+
+def test_cancelling_an_async_job_cancels_its_task_and_keeps_the_child(
+    dsn: str, db: Conn, sups: list[Supervisor]
+) -> None:
+    sup = _start(sups, dsn, "--procs", "1", "--concurrency", "10", *FAST)
+    (pid,) = sup.wait_ready(1)
+    long, *_ = pgq.enqueue_many(
+        db,
+        [pgq.NewJob("asleep", {"seconds": 600}, priority=10)]
+        + [pgq.NewJob("asleep", {"seconds": 0.5}) for _ in range(5)],
+    )
+    wait_for("the long job running", lambda: pgq.get_job(db, long).state is pgq.JobState.RUNNING)
+    out = run_cli(["cancel", str(long)], dsn)
+    assert out.returncode == 0, out.stderr
+    wait_for("the task cancelled", lambda: "its task stopped" in sup.log(), timeout=10)
+    assert pgq.get_job(db, long).state is pgq.JobState.CANCELLED
+    assert wait_for("the rest finished", lambda: _all_finished(db, 6), 30) == {
+        "cancelled": 1,
+        "succeeded": 5,
+    }
+    assert sup.children() == [pid], "an async cancel must not cost the child"
+    assert sup.stop() == 0

@@ -78,3 +78,11 @@ async def arecord(
     if payload.get("fail"):
         raise RuntimeError("handler failed after its write")
     return "done"
+
+
+@registry.handler("acapped", concurrency=3, retry=NO_BACKOFF)
+async def acapped(payload: dict[str, float]) -> dict[str, float | int]:
+    """At most 3 of these in flight in one child, whatever the child's concurrency."""
+    started = time.time()
+    await asyncio.sleep(payload.get("seconds", 0.2))
+    return _span(started)
