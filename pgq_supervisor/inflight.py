@@ -304,6 +304,9 @@ class InFlightWorker:
         if self.woken_at is not None:
             self.latencies.append(self.clock() - self.woken_at)
             self.woken_at = None
+        # the supervisor sends RunAlone before it releases a shared death's jobs: one this
+        # claim took is named in the pipe by now
+        self._poll_pipe()
         self.queued.extend(jobs)
         self._start_queued()
         return True
@@ -525,7 +528,7 @@ class InFlightWorker:
             if flight is not None and isinstance(flight.task, asyncio.Task):
                 flight.task.cancel()
         elif isinstance(msg, RunAlone):
-            for job_id in msg.job_ids:
+            for job_id in msg.job_ids():
                 self.run_alone[job_id] = None
             while len(self.run_alone) > RUN_ALONE_KEEP:
                 del self.run_alone[next(iter(self.run_alone))]

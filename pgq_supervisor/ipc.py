@@ -49,9 +49,18 @@ class CancelJob:
 @dataclass(frozen=True, slots=True)
 class RunAlone:
     """Jobs released from a death of a child that held several: whichever child claims one
-    runs it with nothing else in flight (see deaths.py)."""
+    runs it with nothing else in flight (see deaths.py). The ids travel as 16 bytes each, so
+    a thousand fit well inside a pipe's buffer (a child still booting is not reading yet)."""
 
-    job_ids: tuple[JobId, ...]
+    packed: bytes
+
+    @classmethod
+    def of(cls, ids: Sequence[JobId]) -> RunAlone:
+        return cls(b"".join(i.bytes for i in ids))
+
+    def job_ids(self) -> list[JobId]:
+        p = self.packed
+        return [JobId(uuid.UUID(bytes=p[i : i + 16])) for i in range(0, len(p), 16)]
 
 
 # ---- child -> supervisor ----

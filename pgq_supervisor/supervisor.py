@@ -87,6 +87,7 @@ log = logging.getLogger(__name__)
 TICK = 0.1  # the longest wait: timeouts and respawns are judged at least this often
 IN_FLIGHT_EVERY = 1.0  # how often the in-flight gauge reads the children's slots
 RUN_ALONE_KEEP = 10_000  # the most jobs remembered as having to run alone (deaths.py)
+RUN_ALONE_AT_SPAWN = 1_000  # the latest of them a new child is told before its first claim
 KILL_GRACE = 2.0  # SIGTERM to SIGKILL
 
 
@@ -353,8 +354,6 @@ class Supervisor:
                         child.on_idle()
                 case Ready():
                     child.on_ready()
-                    if self.run_alone and child.spec.concurrency > 1:
-                        child.send(RunAlone(tuple(self.run_alone)))
                     self.respawns.child_ready()
                     log.info("child %d ready pid=%d", child.spec.index, msg.pid)
                 case Retiring():
@@ -383,6 +382,9 @@ class Supervisor:
         self.children[index] = child
         self.sel.register(pipe, selectors.EVENT_READ, PipeSource(child))
         self.sel.register(proc.sentinel, selectors.EVENT_READ, ExitSource(child))
+        if self.run_alone and spec.concurrency > 1:
+            # in the pipe before the child's first claim (16 KB at most: the buffer holds it)
+            child.send(RunAlone.of(list(self.run_alone)[-RUN_ALONE_AT_SPAWN:]))
         self.metrics.children.set(len(self.children))
 
     def _enforce(self, now: float) -> None:
@@ -450,7 +452,7 @@ class Supervisor:
             del self.run_alone[next(iter(self.run_alone))]
         for other in self.children.values():
             if other.spec.concurrency > 1 and not other.leaving:
-                other.send(RunAlone(ids))
+                other.send(RunAlone.of(ids))
 
     def _settle_jobs(self, child: Child, how: str) -> None:
         try:

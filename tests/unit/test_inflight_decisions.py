@@ -89,11 +89,11 @@ def test_a_death_holding_several_jobs_charges_none_and_makes_them_run_alone() ->
     assert shared_death(sup.children[0]) == (a, b)
     dying.proc.die(-signal.SIGKILL)
     sup.run_once(0)
-    assert RunAlone((a, b)) in other.received()
+    assert RunAlone.of([a, b]) in other.received()
+    assert RunAlone.of([a, b]).job_ids() == [a, b]
     assert list(sup.run_alone) == [a, b]
-    sup.run_once(0)  # the respawned child says Ready: it is told too
-    fresh = spawner.live()[0]
-    assert fresh is not dying and fresh.received() == [RunAlone((a, b))]
+    fresh = spawner.live()[0]  # respawned: told before its first claim
+    assert fresh is not dying and fresh.received() == [RunAlone.of([a, b])]
     sup.close()
 
 
