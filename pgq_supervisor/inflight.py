@@ -43,15 +43,15 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any, Final, NamedTuple
+from typing import Final
 
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 from setproctitle import setproctitle
 
-from pgq_supervisor import db
+from pgq_supervisor import db, runs
 from pgq_supervisor.backoff import Backoff
 from pgq_supervisor.completion import Completer
-from pgq_supervisor.errors import DatabaseError, LeaseLost
+from pgq_supervisor.errors import DatabaseError
 from pgq_supervisor.executor import Executor, Ran
 from pgq_supervisor.heartbeat import Heartbeat
 from pgq_supervisor.ipc import (
@@ -67,6 +67,7 @@ from pgq_supervisor.ipc import (
 )
 from pgq_supervisor.jobs import Job, JobId
 from pgq_supervisor.registry import ClaimPolicy, Registry
+from pgq_supervisor.runs import Committed, Lost, Settlement, TimedOut
 from pgq_supervisor.worker import REPORT_EVERY, ChildSpec, rss_mb
 
 log = logging.getLogger(__name__)
@@ -74,34 +75,6 @@ log = logging.getLogger(__name__)
 CLAIM_EVERY: Final = 0.01  # with any slot free, claim at least this often
 ASYNC_GRACE: Final = 2.0  # a cancelled async job must end within this, or the child is killed
 RUN_ALONE_KEEP: Final = 10_000  # the most RunAlone ids a child remembers
-# handlers' pooled connections: their transaction is explicit, their commit durable
-_POOL_KWARGS: Final[dict[str, Any]] = {"autocommit": True, "application_name": "pgq-handler"}
-
-
-class Committed(NamedTuple):
-    """A `conn` handler's writes and its job's success committed together."""
-
-    job: Job
-    took: float
-
-
-class Lost(NamedTuple):
-    job: Job
-    took: float
-
-
-class TimedOut(NamedTuple):
-    job: Job
-    timeout: float
-    took: float
-
-
-Settlement = Ran | Committed | Lost | TimedOut
-
-
-class _Undo(Exception):
-    def __init__(self, ran: Ran) -> None:
-        self.ran = ran
 
 
 @dataclass(slots=True)
@@ -189,15 +162,24 @@ class InFlightWorker:
 
     async def _main(self) -> None:
         self.changed = asyncio.Event()
+        # pools for the handlers that take `conn`, if any: connections opened on demand
         if self._pool_size(True):
             self.apool = AsyncConnectionPool(
                 self.spec.dsn,
                 min_size=0,
                 max_size=self._pool_size(True),
-                kwargs=_POOL_KWARGS,
+                kwargs=runs.POOL_KWARGS,
                 open=False,
             )
             await self.apool.open()
+        if self._pool_size(False):
+            self.spool = ConnectionPool(
+                self.spec.dsn,
+                min_size=0,
+                max_size=self._pool_size(False),
+                kwargs=runs.POOL_KWARGS,
+                open=True,
+            )
         loop = asyncio.get_running_loop()
         loop.add_reader(self.pipe.fileno(), self._read_pipe)
         try:
@@ -353,10 +335,18 @@ class InFlightWorker:
             fut = loop.create_future()
             fut.set_result(self.executor.run(job))
         elif is_async:
-            fut = loop.create_task(self._run_async(job, timeout, handler.wants_conn))
+            pool = self.apool if handler.wants_conn else None
+            run = runs.run_async(self.executor, job, timeout, schema=self.spec.schema, pool=pool)
+            fut = loop.create_task(run)
+        elif handler.wants_conn:
+            assert self.spool is not None  # opened by _main: this child serves such handlers
+            work = functools.partial(
+                runs.run_in_transaction, self.executor, job, schema=self.spec.schema,
+                pool=self.spool,
+            )  # fmt: skip
+            fut = loop.run_in_executor(self._threads(), work)
         else:
-            work = self._in_transaction if handler.wants_conn else self.executor.run
-            fut = loop.run_in_executor(self._threads(), work, job)
+            fut = loop.run_in_executor(self._threads(), self.executor.run, job)
         flight = InFlight(job, entry, fut)
         self.running[job.id] = flight
         self.per_type[job.type] = self.per_type.get(job.type, 0) + 1
@@ -384,60 +374,6 @@ class InFlightWorker:
                 self.done.append((flight, fut.result()))
         if self.changed is not None:
             self.changed.set()
-
-    async def _run_async(self, job: Job, timeout: float | None, wants_conn: bool) -> Settlement:
-        start = self.clock()
-        if wants_conn:
-            return await self._async_in_transaction(job, timeout, start)
-        try:
-            return await asyncio.wait_for(self.executor.run_async(job), timeout)
-        except TimeoutError:
-            return TimedOut(job, timeout or 0.0, self.clock() - start)
-
-    async def _async_in_transaction(
-        self, job: Job, timeout: float | None, start: float
-    ) -> Settlement:
-        """An async handler that takes `conn`: its writes and its success commit together."""
-        assert self.apool is not None  # opened by _main: this child serves such handlers
-        try:
-            async with self.apool.connection() as aconn, aconn.transaction():
-                await db.durable_commit_async(aconn)
-                ran = await asyncio.wait_for(self.executor.run_async(job, aconn), timeout)
-                if ran.failure is not None:
-                    raise _Undo(ran)
-                done = await db.succeed_async(
-                    aconn, self.spec.schema, job.lease, [(job.id, ran.result)]
-                )
-                if not done:
-                    raise LeaseLost(f"job {job.id} lost its lease")
-        except _Undo as undo:
-            return undo.ran
-        except LeaseLost:
-            return Lost(job, self.clock() - start)
-        except TimeoutError:
-            return TimedOut(job, timeout or 0.0, self.clock() - start)
-        except Exception as exc:  # COMMIT, the pool or our statement failed: the job's failure
-            return self.executor.failed(job, exc, self.clock() - start)
-        return Committed(job, self.clock() - start)
-
-    def _in_transaction(self, job: Job) -> Settlement:
-        """A sync handler that takes `conn`, in a thread: as completion.run_in_transaction."""
-        start = self.clock()
-        try:
-            with self._spool().connection() as conn, conn.transaction():
-                db.durable_commit(conn)
-                ran = self.executor.run(job, conn)
-                if ran.failure is not None:
-                    raise _Undo(ran)
-                if not db.succeed(conn, self.spec.schema, job.lease, [(job.id, ran.result)]):
-                    raise LeaseLost(f"job {job.id} lost its lease")
-        except _Undo as undo:
-            return undo.ran
-        except LeaseLost:
-            return Lost(job, self.clock() - start)
-        except Exception as exc:
-            return self.executor.failed(job, exc, self.clock() - start)
-        return Committed(job, self.clock() - start)
 
     async def _settle(self) -> bool:
         """Write what the ended jobs came to; False after a database error (what is not
@@ -486,17 +422,6 @@ class InFlightWorker:
             if h is not None and h.wants_conn and h.is_async == want_async:
                 total += self.caps.get(t, self.capacity)
         return min(total, self.capacity)
-
-    def _spool(self) -> ConnectionPool:
-        if self.spool is None:
-            self.spool = ConnectionPool(
-                self.spec.dsn,
-                min_size=0,
-                max_size=max(1, self._pool_size(False)),
-                kwargs=_POOL_KWARGS,
-                open=True,
-            )
-        return self.spool
 
     # ---- the pipe ----
 

@@ -79,19 +79,23 @@ def test_async_conn_handler_commits_with_its_completion(
     sup = _start(sups, dsn, "--procs", "1", "--concurrency", "10", *FAST)
     sup.wait_ready(1)
     ok = [pgq.enqueue(db, "arecord", {"note": f"ok{i}"}) for i in range(5)]
-    failed = pgq.enqueue(db, "arecord", {"note": "fail", "fail": "yes"}, max_retry_count=0)
+    ok += [pgq.enqueue(db, "trecord", {"note": f"tok{i}"}) for i in range(3)]  # in threads
+    failed = [
+        pgq.enqueue(db, type_, {"note": "fail", "fail": "yes"}, max_retry_count=0)
+        for type_ in ("arecord", "trecord")
+    ]
     stolen = pgq.enqueue(db, "arecord", {"note": "steal", "steal": "yes"})
 
     def settled() -> bool:
-        done = [pgq.get_job(db, j).state for j in [*ok, failed]]
+        done = [pgq.get_job(db, j).state for j in [*ok, *failed]]
         return all(s.is_terminal for s in done)
 
     wait_for("the jobs settled", settled, timeout=30)
-    assert [pgq.get_job(db, j).state for j in ok] == [pgq.JobState.SUCCEEDED] * 5
-    assert pgq.get_job(db, failed).state is pgq.JobState.FAILED
+    assert [pgq.get_job(db, j).state for j in ok] == [pgq.JobState.SUCCEEDED] * 8
+    assert [pgq.get_job(db, j).state for j in failed] == [pgq.JobState.FAILED] * 2
     notes = db.execute("SELECT note FROM effects ORDER BY note").fetchall()
-    # each success's write landed once; the failure's and the stale lease's rolled back
-    assert [n[0] for n in notes] == [f"ok{i}" for i in range(5)]
+    # each success's write landed once; the failures' and the stale lease's rolled back
+    assert [n[0] for n in notes] == [f"ok{i}" for i in range(5)] + [f"tok{i}" for i in range(3)]
     wait_for("the worker saw the lease lost", lambda: "lease lost" in sup.log())
     assert pgq.get_job(db, stolen).state is not pgq.JobState.SUCCEEDED
     assert sup.stop() == 0

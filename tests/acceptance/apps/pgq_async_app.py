@@ -86,3 +86,17 @@ async def acapped(payload: dict[str, float]) -> dict[str, float | int]:
     started = time.time()
     await asyncio.sleep(payload.get("seconds", 0.2))
     return _span(started)
+
+
+@registry.handler("trecord", retry=NO_BACKOFF)
+def trecord(
+    payload: dict[str, str], job: pgq.Job, conn: psycopg.Connection[tuple[object, ...]]
+) -> str:
+    """The sync twin of arecord, in a thread of the child, on a pooled connection."""
+    conn.execute(
+        "INSERT INTO effects (job_id, pid, attempt, note) VALUES (%s, %s, %s, %s)",
+        (job.id, os.getpid(), job.attempt, payload.get("note", "")),
+    )
+    if payload.get("fail"):
+        raise RuntimeError("handler failed after its write")
+    return "done"
