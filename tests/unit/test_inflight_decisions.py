@@ -108,3 +108,19 @@ def test_a_kill_or_a_death_holding_one_job_is_no_shared_death() -> None:
     sup.children[0].terminate(clock.now, "timeout after 1 s", b)
     assert shared_death(sup.children[0]) == ()  # killed for b: b is charged, a released
     sup.close()
+
+
+def test_the_jobs_in_flight_of_each_child_are_a_gauge() -> None:
+    spawner, clock = FakeSpawner(), FakeClock()
+    sup = _supervisor(spawner, clock)
+    busy = spawner.live()[1]
+    busy.slot.set(_job(), clock.now, None, 1, "t", entry=0)
+    busy.slot.set(_job(), clock.now, None, 1, "t", entry=2)
+    clock.now += 1.5
+    sup.run_once(0)
+
+    def gauge(child: str) -> float | None:
+        return sup.metrics.registry.get_sample_value("pgq_child_jobs_in_flight", {"child": child})
+
+    assert (gauge("0"), gauge("1")) == (0.0, 2.0)
+    sup.close()
