@@ -142,6 +142,7 @@ class InFlightWorker:
         self.spool: ConnectionPool | None = None
         self.stopping = False
         self.idle = False  # the last claim found nothing: wait for a Wake
+        self.found_none_of: tuple[str, ...] | None = None  # a capped claim's types, found empty
         self.jobs_done = 0
         self.last_claim = 0.0
         self.last_report = clock()
@@ -268,8 +269,8 @@ class InFlightWorker:
         if self.stopping:
             return True
         policy = self._claim_policy()
-        if policy is None:
-            return True
+        if policy is None or policy.types == self.found_none_of:
+            return True  # every type is full, or those not full had nothing a moment ago
         limit = max(1, min(self._free(), self.spec.claim_batch))
         self.last_claim = self.clock()
         try:
@@ -278,6 +279,13 @@ class InFlightWorker:
             await self._database_error(exc)
             return False
         self.error_backoff.succeeded()
+        if not jobs and policy.types != self.spec.types:
+            # only the types below their cap had nothing: claim again once one that was
+            # full has room (the claim's types change then), or when woken (Idle asks for it)
+            self.found_none_of = policy.types
+            self.pipe.send(Idle())
+            return True
+        self.found_none_of = None
         if not jobs:
             self.idle = True
             self.pipe.send(Idle())
@@ -444,6 +452,7 @@ class InFlightWorker:
     def _handle(self, msg: object) -> None:
         if isinstance(msg, Wake):
             self.idle = False
+            self.found_none_of = None
             self.woken_at = msg.sent_at
         elif isinstance(msg, Stop):
             self.stopping = True

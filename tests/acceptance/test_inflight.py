@@ -231,3 +231,30 @@ def test_cancelling_an_async_job_cancels_its_task_and_keeps_the_child(
     }
     assert sup.children() == [pid], "an async cancel must not cost the child"
     assert sup.stop() == 0
+
+
+def test_a_child_whose_capped_type_is_full_still_takes_other_work_at_once(
+    dsn: str, db: Conn, sups: list[Supervisor]
+) -> None:
+    sup = _start(
+        sups, dsn, "--procs", "1", "--concurrency", "10", "--shutdown-timeout", "0.5", *FAST
+    )
+    sup.wait_ready(1)
+    pgq.enqueue_many(db, [pgq.NewJob("acapped", {"seconds": 3}) for _ in range(6)])
+
+    def capped_running() -> bool:
+        return _counts(db).get("running", 0) == 6  # 3 in flight, 3 held for the cap
+
+    wait_for("the capped type full", capped_running, timeout=30)
+    pgq.enqueue_many(db, [pgq.NewJob("asleep", {"seconds": 0.05}) for _ in range(5)])
+
+    def others_done() -> tuple[object, ...] | None:
+        row = db.execute(
+            "SELECT count(*) FILTER (WHERE type = 'asleep'),"
+            " count(*) FILTER (WHERE type = 'acapped') FROM pgq.job WHERE state = 'succeeded'"
+        ).fetchone()
+        return row if row is not None and row[0] == 5 else None
+
+    # woken by the notification, not left waiting for the capped jobs to end
+    assert wait_for("the other type done", others_done, timeout=30) == (5, 0)
+    assert sup.stop() == 0
