@@ -103,6 +103,7 @@ class InFlightWorker:
         conn: db.Conn,
         *,
         clock: Callable[[], float] = time.monotonic,
+        error_backoff: Backoff | None = None,
     ) -> None:
         self.spec = spec
         self.registry = registry
@@ -121,8 +122,8 @@ class InFlightWorker:
         self.completer = Completer(
             spec.schema, spec.worker_id, heartbeat=self.heartbeat, flush_every=REPORT_EVERY
         )
-        self.error_backoff = Backoff(initial=0.1, maximum=5.0)
-        self.connect_backoff = Backoff(initial=0.2, maximum=5.0)
+        # errors that repeat (the database away) must not spin; reset by a claim
+        self.error_backoff = error_backoff or Backoff(initial=0.1, maximum=5.0)
         # a type's own cap, where lower than the child's
         self.caps: dict[str, int] = {}
         for t in spec.types:
@@ -201,6 +202,9 @@ class InFlightWorker:
         assert self.changed is not None
         self.changed.clear()
         if self.done and not await self._settle():
+            if self.stopping:  # leaving with the database away: the rescuer has them
+                log.warning("could not write the outcomes of %d jobs before exit", len(self.done))
+                self.done.clear()
             return
         if self.stopping:
             self._release(list(self.queued))
@@ -541,11 +545,20 @@ class InFlightWorker:
             synchronous_commit=self.spec.synchronous_commit,
         )
 
+    async def _sleep_unless_stopped(self, seconds: float) -> None:
+        """Sleep, jobs running on, but wake for a Stop from the supervisor."""
+        assert self.changed is not None
+        deadline = self.clock() + seconds
+        while not self.stopping and (left := deadline - self.clock()) > 0:
+            self.changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.changed.wait(), left)
+
     async def _database_error(self, exc: DatabaseError) -> None:
         """Back off (still handling messages), reconnect if the connection is gone, then let
         the completer write its buffer or forget it (those jobs run again)."""
         log.warning("worker %s database error: %s", self.spec.worker_id, exc)
-        await asyncio.sleep(self.error_backoff.failed())
+        await self._sleep_unless_stopped(self.error_backoff.failed())
         if self.conn.closed or self.conn.broken:
             self.conn.close()
             try:
