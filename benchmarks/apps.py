@@ -7,6 +7,7 @@ child never gets to write a result.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 
@@ -21,6 +22,13 @@ CRASH = "bench_crash"
 BUSY = "bench_busy"
 
 registry = pgq.Registry()
+# The I/O-bound jobs of the `io` group: their own registry, so that the async handler does
+# not put every other benchmark's children on the event loop (a child serving an async
+# handler runs inflight.py's loop, even at concurrency 1).
+IO_APP = "benchmarks.apps:io_registry"
+ASLEEP = "bench_asleep"
+TSLEEP = "bench_tsleep"
+io_registry = pgq.Registry()
 
 
 @registry.handler(NOOP)
@@ -106,3 +114,19 @@ def calibrate_spin(seconds: float, rounds: int = 5) -> int:
         spin(probe)
         best = min(best, (time.process_time() - start) / probe)
     return max(1, round(seconds / best))
+
+
+class SleepPayload(pydantic.BaseModel):
+    seconds: float
+
+
+@io_registry.handler(ASLEEP)
+async def asleep(payload: SleepPayload) -> None:
+    """Waits on I/O the asyncio way: an HTTP call, say."""
+    await asyncio.sleep(payload.seconds)
+
+
+@io_registry.handler(TSLEEP)
+def tsleep(payload: SleepPayload) -> None:
+    """Waits on I/O the blocking way (a sync client library): runs in the child's threads."""
+    time.sleep(payload.seconds)

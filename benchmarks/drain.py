@@ -24,7 +24,7 @@ import psycopg
 from psycopg.rows import TupleRow
 
 import pgq_supervisor as pgq
-from benchmarks.apps import NOOP, SPIN, spin
+from benchmarks.apps import ASLEEP, IO_APP, NOOP, SPIN, TSLEEP, spin
 from benchmarks.enqueue import BULK_CHUNK, reset
 from benchmarks.procs import BenchError, Supervisor, running, wait_for
 from benchmarks.report import Json
@@ -107,6 +107,7 @@ def run_drain(
     supervisor_args: Sequence[str] = (),
     waiting: int = 0,
     prefill: Callable[[], None] | None = None,
+    app: str = "benchmarks.apps:registry",
 ) -> Drained:
     """One timed drain of `n` pre-enqueued jobs by a supervisor with `procs` children.
     `prefill` replaces the enqueue of the `n` jobs (deep.py fills the table in SQL)."""
@@ -118,7 +119,7 @@ def run_drain(
     opened_at: float | None = None
     try:
         with (
-            running(Supervisor(dsn, procs, supervisor_args)) as sup,
+            running(Supervisor(dsn, procs, supervisor_args, app)) as sup,
             psycopg.connect(dsn, autocommit=True) as watch,
         ):
             if start_gate is not None:
@@ -185,6 +186,29 @@ def verify(dsn: str, n: int, opened_at: float | None, waiting: int = 0) -> Drain
     if seconds <= 0:
         raise BenchError(f"the drain took {seconds:.4f} s by the database clock")
     return Drained(n, seconds, int(workers), None if mean_s is None else float(mean_s))
+
+
+def run_io(
+    dsn: str,
+    procs: int,
+    n: int,
+    *,
+    seconds: float,
+    concurrency: int,
+    threads: bool,
+    supervisor_args: Sequence[str] = (),
+) -> Drained:
+    """The timed drain of I/O-bound jobs (the `io` group): each waits `seconds`, in an async
+    handler or, `threads`, a blocking one; the supervisor runs with `--concurrency`."""
+    return run_drain(
+        dsn,
+        procs,
+        n,
+        job_type=TSLEEP if threads else ASLEEP,
+        payload={"seconds": seconds},
+        supervisor_args=(*supervisor_args, "--concurrency", str(concurrency)),
+        app=IO_APP,
+    )
 
 
 def run_cpu(

@@ -16,6 +16,7 @@ GROUPS = (
     "deps",
     "limits",
     "cpu",
+    "io",
     "wake",
     "kill",
     "cancel",

@@ -174,17 +174,29 @@ async def _pgqueuer_noop(job: object) -> None:
     return None
 
 
-async def _pgqueuer_worker(dsn: str, managers: int, batch_size: int) -> None:
+async def _pgqueuer_worker(
+    dsn: str, managers: int, batch_size: int, sleep: float = 0.0, max_tasks: int | None = None
+) -> None:
     from pgqueuer import QueueManager
     from pgqueuer.types import QueueExecutionMode
+
+    async def sleeper(job: object) -> None:
+        await asyncio.sleep(sleep)  # the `io` group: an I/O-bound job
 
     qms = []
     for _ in range(managers):
         qm = QueueManager(_pgqueuer_queries(await _asyncpg_connect(dsn)))
-        qm.entrypoint(NOOP)(_pgqueuer_noop)
+        qm.entrypoint(NOOP)(sleeper if sleep else _pgqueuer_noop)
         qms.append(qm)
     await asyncio.gather(
-        *(qm.run(batch_size=batch_size, mode=QueueExecutionMode.drain) for qm in qms)
+        *(
+            qm.run(
+                batch_size=batch_size,
+                mode=QueueExecutionMode.drain,
+                max_concurrent_tasks=max_tasks,
+            )
+            for qm in qms
+        )
     )
 
 
@@ -292,15 +304,28 @@ def bulk_enqueue(peer: Peer, dsn: str, n: int) -> float:
     return n / took[0]
 
 
-def worker_command(peer: Peer, dsn: str) -> list[str]:
+def worker_command(
+    peer: Peer, dsn: str, sleep: float = 0.0, max_tasks: int | None = None
+) -> list[str]:
     cmd = [sys.executable, "-m", "benchmarks.peers", peer, "--dsn", dsn]
+    if sleep:
+        cmd += ["--sleep", str(sleep)]
+    if max_tasks is not None:
+        cmd += ["--max-tasks", str(max_tasks)]
     if peer == "pgqueuer":
-        return [*cmd, "--managers", str(PGQUEUER_MANAGERS), "--batch-size", str(PGQUEUER_BATCH)]
+        # pgqueuer wants max_concurrent_tasks >= 2 x batch_size
+        batch = PGQUEUER_BATCH if max_tasks is None else max(1, min(PGQUEUER_BATCH, max_tasks // 2))
+        return [*cmd, "--managers", str(PGQUEUER_MANAGERS), "--batch-size", str(batch)]
     return [*cmd, "--concurrency", str(PROCRASTINATE_CONCURRENCY)]
 
 
-def drain(peer: Peer, dsn: str, n: int) -> Drained:
-    """One timed drain of `n` no-op jobs by the peer's recommended worker set-up."""
+def drain(
+    peer: Peer, dsn: str, n: int, sleep: float = 0.0, max_tasks: int | None = None
+) -> Drained:
+    """One timed drain of `n` no-op jobs by the peer's recommended worker set-up; `sleep`:
+    each job awaits asyncio.sleep that long instead (the `io` group; pgqueuer only), and
+    `max_tasks` caps each queue manager's jobs in flight (pgqueuer's max_concurrent_tasks;
+    None: no cap, its default)."""
     _reset(peer, dsn)
     _run(peer, lambda: _fill(peer, dsn, n))
     table = "pgqueuer" if peer == "pgqueuer" else "procrastinate_jobs"
@@ -308,7 +333,7 @@ def drain(peer: Peer, dsn: str, n: int) -> Drained:
     procs = PGQUEUER_PROCS if peer == "pgqueuer" else PROCRASTINATE_PROCS
     waiters = procs * (PGQUEUER_MANAGERS if peer == "pgqueuer" else 1)
     gate = StartGate(dsn, table, app_name(peer))
-    workers = [Process(worker_command(peer, dsn), peer) for _ in range(procs)]
+    workers = [Process(worker_command(peer, dsn, sleep, max_tasks), peer) for _ in range(procs)]
     try:
 
         def all_waiting() -> bool:
@@ -372,10 +397,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--managers", type=int, default=PGQUEUER_MANAGERS)
     parser.add_argument("--batch-size", type=int, default=PGQUEUER_BATCH)
     parser.add_argument("--concurrency", type=int, default=PROCRASTINATE_CONCURRENCY)
+    parser.add_argument("--sleep", type=float, default=0.0)
+    parser.add_argument("--max-tasks", type=int, default=None)
     args = parser.parse_args(argv)
     peer: Peer = args.peer
     if peer == "pgqueuer":
-        _run(peer, lambda: _pgqueuer_worker(args.dsn, args.managers, args.batch_size))
+        _run(
+            peer,
+            lambda: _pgqueuer_worker(
+                args.dsn, args.managers, args.batch_size, args.sleep, args.max_tasks
+            ),
+        )
     else:
         _run(peer, lambda: _procrastinate_worker(args.dsn, args.concurrency))
     return 0

@@ -167,7 +167,9 @@ class Process:
 class Supervisor(Process):
     """`python -m pgq_supervisor run --app benchmarks.apps:registry ...`."""
 
-    def __init__(self, dsn: str, procs: int, extra: Sequence[str] = ()) -> None:
+    def __init__(
+        self, dsn: str, procs: int, extra: Sequence[str] = (), app: str = "benchmarks.apps:registry"
+    ) -> None:
         super().__init__(
             [
                 sys.executable,
@@ -175,7 +177,7 @@ class Supervisor(Process):
                 "pgq_supervisor",
                 "run",
                 "--app",
-                "benchmarks.apps:registry",
+                app,
                 "--procs",
                 str(procs),
                 "--schema",

@@ -43,6 +43,12 @@ RESULTS_DIR = ROOT / "benchmarks" / "results"
 QUIET_LOG = ("--log-level", "warning")
 DEPS_WAITING = 10_000  # the deps group: jobs left waiting in the table through a drain
 MEMORY_PROCS = 8  # the memory group: children per supervisor (issue 15)
+# the io group (issue 11): I/O-bound jobs, many in flight per child
+IO_JOBS = 5_000
+IO_SECONDS = 0.05
+IO_PROCS = 2
+IO_ASYNC_CONCURRENCY = 100
+IO_THREAD_CONCURRENCY = 20
 
 
 class Bench:
@@ -87,6 +93,9 @@ class Bench:
             for r in runs:
                 for procs in self.cpu_procs:
                     steps += [self.cpu_step(r, procs), self.cpu_bare_step(r, procs)]
+        if "io" in o.groups:
+            for r in runs:
+                steps += self.io_steps(r, active_peers)
         if "wake" in o.groups:
             for r in runs:
                 steps.append(self.wake_step(r))
@@ -113,7 +122,7 @@ class Bench:
         return steps
 
     def usable_peers(self) -> list[peers.Peer]:
-        if not self.opts.peers or not {"enqueue", "drain"} & set(self.opts.groups):
+        if not self.opts.peers or not {"enqueue", "drain", "io"} & set(self.opts.groups):
             return []
         usable: list[peers.Peer] = []
         for peer in peers.PEERS:
@@ -201,6 +210,22 @@ class Bench:
         if len(self.cpu_procs) >= 2:
             # the machine's own scaling: when it is low too, the cores were not free
             self.order.append(Ratio("2 / 1, no queue", ("cpu.bare_procs_2",), "cpu.bare_procs_1"))
+        if "io" in self.opts.groups:
+            self.order += ["io.async", "io.threads"]
+            if "pgqueuer" in shown:
+                self.order += ["peer.pgqueuer.io", "peer.pgqueuer.io_capped"]
+                self.order.append(
+                    Ratio(
+                        "ours / pgqueuer, I/O", ("io.async",), "peer.pgqueuer.io", Target(">=", 1)
+                    )
+                )
+                self.order.append(
+                    Ratio(
+                        "ours / pgqueuer, I/O, same jobs in flight",
+                        ("io.async",),
+                        "peer.pgqueuer.io_capped",
+                    )
+                )
         self.order += ["wake.p50", "wake.p99", "kill.rerun", "cancel.free", "rss.idle"]
         self.order += [f"mem.{k}" for k in ("uss", "pss", "rss", "startup", "respawn")]
         if "deep" in self.opts.groups:
@@ -389,6 +414,57 @@ class Bench:
                 run(("--app", "benchmarks.apps:limited")),
             ),
         ]
+
+    def io_steps(self, r: int, active_peers: Sequence[peers.Peer]) -> list[Step]:
+        """I/O-bound jobs (issue 11): async ones, and blocking ones in threads, with many in
+        flight per child; the target is 60% of the ideal procs x concurrency / job time."""
+        o = self.opts
+        tag = f"run {r}/{o.runs} io: {IO_JOBS:,} jobs of {IO_SECONDS * 1000:g} ms"
+        steps = []
+        for key, concurrency, threads in (
+            ("io.async", IO_ASYNC_CONCURRENCY, False),
+            ("io.threads", IO_THREAD_CONCURRENCY, True),
+        ):
+            ideal = IO_PROCS * concurrency / IO_SECONDS
+            kind = "time.sleep in threads" if threads else "asyncio.sleep"
+            m = self.results.measure(
+                key,
+                f"I/O-bound {kind} {IO_SECONDS * 1000:g} ms, --procs {IO_PROCS}"
+                f" --concurrency {concurrency} (ideal {ideal:,.0f})",
+                "jobs/s",
+                Target(">=", 0.6 * ideal),
+            )
+
+            def run(concurrency: int = concurrency, threads: bool = threads) -> drain.Drained:
+                return drain.run_io(
+                    self.dsn, IO_PROCS, IO_JOBS, seconds=IO_SECONDS, concurrency=concurrency,
+                    threads=threads, supervisor_args=o.supervisor_args,
+                )  # fmt: skip
+
+            steps.append(self.drained_step(f"{tag}, {kind}, --concurrency {concurrency}", m, run))
+        if "pgqueuer" in active_peers:
+            # its best (no cap on jobs in flight), and capped at our 2 x 100 in flight
+            per_manager = (
+                IO_PROCS * IO_ASYNC_CONCURRENCY // (peers.PGQUEUER_PROCS * peers.PGQUEUER_MANAGERS)
+            )
+            for key, cap, what in (
+                ("peer.pgqueuer.io", None, "no cap in flight"),
+                ("peer.pgqueuer.io_capped", per_manager, f"max_concurrent_tasks {per_manager}"),
+            ):
+                m = self.results.measure(
+                    key,
+                    f"I/O-bound asyncio.sleep {IO_SECONDS * 1000:g} ms, pgqueuer"
+                    f" ({peers.describe_workers('pgqueuer')}, {what})",
+                    "jobs/s",
+                )
+
+                def peer_run(cap: int | None = cap) -> drain.Drained:
+                    return peers.drain(
+                        "pgqueuer", self.peer_dsn["pgqueuer"], IO_JOBS, IO_SECONDS, cap
+                    )
+
+                steps.append(self.drained_step(f"{tag}, pgqueuer, {what}", m, peer_run))
+        return steps
 
     @property
     def quiet_procs(self) -> int:

@@ -68,6 +68,9 @@ def cmd_workers(args: argparse.Namespace, settings: Settings) -> int:
         )
         for c in children_of(r):
             job = f"{c.get('job_type')} {c.get('job_id')}" if c.get("job_id") else "-"
+            more = int(str(c.get("in_flight") or 0)) - 1
+            if more > 0:
+                job += f" (+{more} more in flight)"
             print(
                 f"  child {c.get('index')}  pid {c.get('pid')}  {c.get('state')}"
                 f"  job {job}  done {c.get('jobs_done')}"

@@ -11,8 +11,8 @@ What is left is freeing the child. Two paths mark a child's job as cancelled:
 
 The loop then stops a marked child when the marked job is the one in its slot (`due`): a job
 claimed but not started is stopped when it starts. A sync handler cannot be interrupted inside
-its process, so the child is killed and respawned (Child.stop_cancelled); that is the one place
-an async child would instead be told to cancel the job's task.
+its process, so the child is killed and respawned (Child.stop_cancelled); an async job of a
+child with many in flight is instead cancelled by the child, told so (CancelJob).
 """
 
 from __future__ import annotations
@@ -62,19 +62,19 @@ def mark(children: Iterable[Child], request: CancelRequest) -> Child | None:
             child.cancelled.add(request.job_id)
             return child
     for child in candidates:
-        view = child.current_job()
-        if view is not None and view.job_id == request.job_id:
+        if any(view.job_id == request.job_id for view in child.current_jobs()):
             child.cancelled.add(request.job_id)
             return child
     return None
 
 
 def jobs_in_hand(children: Iterable[Child]) -> dict[JobId, Child]:
-    """The job in each stoppable child's slot: what the poll asks the database about."""
+    """The jobs in each stoppable child's slot: what the poll asks the database about."""
     held: dict[JobId, Child] = {}
     for child in children:
-        if _stoppable(child) and (view := child.current_job()) is not None:
-            held[view.job_id] = child
+        if _stoppable(child):
+            for view in child.current_jobs():
+                held[view.job_id] = child
     return held
 
 
@@ -97,8 +97,10 @@ def mark_found(held: dict[JobId, Child], cancelled: Iterable[JobId]) -> None:
 
 
 def due(child: Child) -> SlotView | None:
-    """The job in the child's hands if it was cancelled: the child must be stopped now."""
+    """A job in the child's hands that was cancelled: it must be stopped now."""
     if not child.cancelled or not _stoppable(child):
         return None
-    view = child.current_job()
-    return view if view is not None and view.job_id in child.cancelled else None
+    for view in child.current_jobs():
+        if view.job_id in child.cancelled:
+            return view
+    return None

@@ -14,7 +14,16 @@ from multiprocessing.process import BaseProcess
 from typing import Protocol
 
 from pgq_supervisor.errors import ExitCode
-from pgq_supervisor.ipc import BootFailed, FromChild, JobSlot, SlotView, Stop, ToChild, Wake
+from pgq_supervisor.ipc import (
+    BootFailed,
+    CancelJob,
+    FromChild,
+    JobSlot,
+    SlotView,
+    Stop,
+    ToChild,
+    Wake,
+)
 from pgq_supervisor.jobs import JobId, JsonValue
 from pgq_supervisor.settings import Settings
 from pgq_supervisor.worker import ChildSpec, child_main
@@ -95,6 +104,7 @@ def child_spec(
         connect_timeout=s.connect_timeout,
         synchronous_commit=s.worker_synchronous_commit,
         prepare_threshold=s.prepare_threshold,
+        concurrency=s.concurrency,
     )
 
 
@@ -238,12 +248,15 @@ class Child:
         self.state = ChildState.TERMINATING
         self.proc.terminate()
 
-    def stop_cancelled(self, now: float, job_id: JobId) -> None:
-        """Stop `job_id`, which was cancelled while this child runs it. A sync handler cannot
-        be interrupted inside the process: SIGTERM (SIGKILL after KILL_GRACE), and the loop
-        respawns the child. (An async child would be sent a message to cancel the job's task
-        instead, and stay.)"""
-        self.terminate(now, CANCELLED, job_id)
+    def stop_cancelled(self, now: float, job: SlotView) -> None:
+        """Stop `job`, which was cancelled while this child runs it. An async job (its slot
+        entry has a grace) is cancelled by the child, told so; the child stays. A sync handler
+        cannot be interrupted inside the process: SIGTERM (SIGKILL after KILL_GRACE), the loop
+        respawns the child, and its other jobs go back without an attempt."""
+        if job.grace > 0 and self.send(CancelJob(job.job_id)):
+            self.cancelled.discard(job.job_id)
+            return
+        self.terminate(now, CANCELLED, job.job_id)
 
     def kill(self, reason: str | None = None) -> None:
         """SIGKILL. `reason` replaces the attempt's error (SHUTDOWN: the job is released)."""
@@ -270,23 +283,35 @@ class Child:
 
     def describe(self) -> dict[str, JsonValue]:
         """What the supervisor's registered row says of this child (schema/0010)."""
-        job = self.slot.read()
+        jobs = self.slot.read_all()
+        job = jobs[0] if jobs else None
         return {
             "index": self.spec.index,
             "pid": self.pid,
             "state": self.state.value,
             "job_id": None if job is None else str(job.job_id),
             "job_type": None if job is None else job.job_type,
+            "in_flight": len(jobs),
             "jobs_done": self.jobs_done,
         }
 
     def current_job(self) -> SlotView | None:
         return self.slot.read()
 
+    def current_jobs(self) -> list[SlotView]:
+        """Every job in flight (one at most, unless the child runs many at once)."""
+        return self.slot.read_all()
+
     def overdue_job(self, now: float) -> SlotView | None:
-        """The job in hand if it outran its timeout by `now` (the supervisor's clock, which
-        must share the slot's time base: time.monotonic, or a test's fake clock)."""
-        job = self.slot.read()
-        if job is None or job.timeout is None or now - job.started <= job.timeout:
-            return None
-        return job
+        """A job in hand that outran its timeout (and its grace, an async job the child
+        cancels itself) by `now` (the supervisor's clock, which must share the slot's time
+        base: time.monotonic, or a test's fake clock)."""
+        if self.slot.capacity == 1:
+            job = self.slot.read()
+            if job is None or job.timeout is None or now - job.started <= job.timeout + job.grace:
+                return None
+            return job
+        for job in self.slot.read_all():
+            if job.timeout is not None and now - job.started > job.timeout + job.grace:
+                return job
+        return None

@@ -45,6 +45,7 @@ RUN_FLAGS = {
     "--max-jobs-per-child": "max_jobs_per_child",
     "--max-memory-per-child": "max_memory_per_child",
     "--claim-batch": "claim_batch",
+    "--concurrency": "concurrency",
     "--metrics-port": "metrics_port",
     "--metrics-host": "metrics_host",
     "--retain-succeeded": "retain_succeeded",

@@ -201,6 +201,42 @@ class Completer:
         else:
             self._succeeded(job, self.clock() - start)
 
+    # ---- settling runs done elsewhere (inflight.py: tasks and threads of a child with many
+    # jobs in flight report here, on the loop's thread) ----
+
+    def succeeded(self, job: Job, took: float) -> None:
+        """`job`'s success was committed already (in its handler's transaction)."""
+        self._succeeded(job, took)
+
+    def lost(self, job: Job, took: float) -> None:
+        """`job`'s fenced write found its lease gone: nothing was written."""
+        self._lost(job, took)
+
+    def timed_out(self, conn: db.Conn, job: Job, error: str, took: float, delay: float) -> None:
+        """`job` outran its timeout and was cancelled in the child: end its attempt as a
+        timeout (retried after `delay` if it has attempts left), fenced by its lease."""
+        ended = db.end_attempt(
+            conn, self.schema, [job.id], lease=job.lease, error=error,
+            kind=AttemptKind.TIMEOUT, delay=delay,
+        )  # fmt: skip
+        if not ended:
+            self._lost(job, took)
+            return
+        retried = ended[0].new_state is JobState.PENDING
+        kind = OutcomeKind.RETRIED if retried else OutcomeKind.FAILED
+        log.warning(
+            "job %s id=%s type=%s attempt=%d duration=%.3fs worker=%s error=%s",
+            "retry" if retried else "failed",
+            job.id,
+            job.type,
+            job.attempt,
+            took,
+            self.worker_id,
+            error,
+        )
+        self._outcomes.append(Outcome(job, kind, took, error))
+        self._drop(job.lease, [job.id])
+
     def _write_failure(self, conn: db.Conn, job: Job, failure: Failure, took: float) -> None:
         ended = db.end_attempt(
             conn,

@@ -7,6 +7,15 @@ jobs the child had claimed but not started go back without consuming an attempt,
 the job in hand of a child killed for shutdown: that was not the job's fault. A child killed
 because its job was cancelled ends no attempt at all: the cancel ended that job already (a
 fenced end_attempt would change nothing), and whatever else it held is released.
+
+A child with many jobs in flight (inflight.py) names them all in its slot. When it is killed
+for one of them (a timeout, a cancel), that one is settled as above and the others go back
+without an attempt. When it dies by itself (SIGKILL, OOM, a segfault) holding several, nobody
+can tell which one killed it, so none of them is charged: all go back without an attempt, and
+each is marked to run alone (`Settled.run_alone`; the supervisor tells its children, RunAlone)
+before a death counts against it. A job that kills its child every time so dies alone the
+next time, and that death is charged as a worker death: after its attempts it ends `failed`,
+while its neighbours, run alone once, succeed.
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ log = logging.getLogger(__name__)
 class Settled:
     ended: tuple[EndedAttempt, ...]  # the job in hand, if its attempt counted
     released: tuple[JobId, ...]  # back to pending, attempt not consumed
+    run_alone: tuple[JobId, ...] = ()  # released from a death that held several: run alone
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,9 +63,20 @@ def settle(
     metrics: Metrics,
     rng: random.Random,
 ) -> Settled:
-    current = child.current_job()
-    if current is not None and child.kill_job not in (None, current.job_id):
-        current = None  # killed for the job before this one: not this job's fault
+    in_hand = child.current_jobs()
+    current = in_hand[0] if len(in_hand) == 1 else None
+    if child.kill_job is not None:
+        # killed for that job: it alone is settled as killed (if it is still in hand; if not,
+        # it ended first and the death is no job's fault)
+        current = next((v for v in in_hand if v.job_id == child.kill_job), None)
+    shared = shared_death(child, in_hand)
+    if shared:
+        log.warning(
+            "child %d died (%s) holding %d jobs: none is charged; each runs alone next",
+            child.spec.index,
+            how,
+            len(shared),
+        )
     ended: list[EndedAttempt] = []
     if current is not None and child.kill_reason == CANCELLED:
         log.info(
@@ -94,7 +115,16 @@ def settle(
     released = db.release(conn, schema, worker_id=child.worker_id)
     if released:
         log.info("released %d jobs of child %d", len(released), child.spec.index)
-    return Settled(tuple(ended), tuple(released))
+    return Settled(tuple(ended), tuple(released), shared)
+
+
+def shared_death(child: Child, in_hand: list[SlotView] | None = None) -> tuple[JobId, ...]:
+    """The jobs of a child that died by itself holding several: released uncharged, to run
+    alone next. Empty for a kill (timeout, cancel, shutdown) or a death holding one job."""
+    if child.kill_reason is not None or child.kill_job is not None:
+        return ()
+    views = child.current_jobs() if in_hand is None else in_hand
+    return tuple(v.job_id for v in views) if len(views) > 1 else ()
 
 
 def retry_delay(job: SlotView, registry: Registry, rng: random.Random) -> float:

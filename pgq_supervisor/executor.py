@@ -8,6 +8,7 @@ message, the data, whether the attempt may be retried and after how long, from t
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import random
@@ -92,13 +93,7 @@ class Executor:
         if self.tracer is None:
             return self._run(job, conn)
         with tracing.attempt_span(self.tracer, job) as outcome:
-            ran = self._run(job, conn)
-            failure = ran.failure
-            if failure is None:
-                outcome("succeeded", None)
-            else:
-                outcome(failure.kind.value, failure.message)
-            return ran
+            return _traced(outcome, self._run(job, conn))
 
     def _run(self, job: Job, conn: db.Conn | None) -> Ran:
         handler = self.registry.handlers.get(job.type)
@@ -120,6 +115,38 @@ class Executor:
             payload = handler.validate(job.payload)
             with reporting(self.progress):
                 result = _result_json(self._call(handler, job, payload, conn))
+        except Exception as exc:  # the handler's failure is the job's outcome, never ours
+            return self.failed(job, exc, self.clock() - start)
+        return Ran(job, result, None, self.clock() - start)
+
+    async def run_async(self, job: Job, conn: db.AsyncConn | None = None) -> Ran:
+        """`run` for an `async def` handler, awaited on the caller's loop. Cancelling the
+        awaiting task cancels the handler (CancelledError is not the job's failure: it
+        propagates). With OpenTelemetry configured, inside a span of the attempt."""
+        if self.tracer is None:
+            return await self._run_async(job, conn)
+        with tracing.attempt_span(self.tracer, job) as outcome:
+            return _traced(outcome, await self._run_async(job, conn))
+
+    async def _run_async(self, job: Job, conn: db.AsyncConn | None) -> Ran:
+        handler = self.registry.handlers.get(job.type)
+        start = self.clock()
+        if handler is None:
+            return self.failed(job, InvalidInput(f"no handler for {job.type!r}"), 0.0)
+        if handler.wants_conn and conn is None:
+            raise ValueError(f"handler {job.type!r} takes conn: run it with a connection")
+        kwargs: dict[str, object] = {}
+        if handler.wants_job:
+            kwargs["job"] = job
+        if handler.wants_conn:
+            kwargs["conn"] = conn
+        try:
+            payload = handler.validate(job.payload)
+            with reporting(self.progress):
+                value = handler.func(payload, **kwargs)
+                if inspect.isawaitable(value):
+                    value = await value
+                result = _result_json(value)
         except Exception as exc:  # the handler's failure is the job's outcome, never ours
             return self.failed(job, exc, self.clock() - start)
         return Ran(job, result, None, self.clock() - start)
@@ -160,3 +187,13 @@ def _jsonable(data: dict[str, object]) -> JsonValue:
         except InvalidInput:
             out[key] = repr(value)
     return out
+
+
+def _traced(outcome: tracing.Outcome, ran: Ran) -> Ran:
+    """Record the attempt's outcome on its span."""
+    failure = ran.failure
+    if failure is None:
+        outcome("succeeded", None)
+    else:
+        outcome(failure.kind.value, failure.message)
+    return ran

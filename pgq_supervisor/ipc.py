@@ -2,8 +2,9 @@
 
 Two channels per child:
 - a duplex pipe for rare messages (wake, stop, ready, idle, outcome reports), pickled;
-- a 64-byte shared-memory slot the child rewrites at every job start and end, so the hot path
-  costs no system call; the supervisor reads it when it judges a timeout or reaps a death. It
+- a shared-memory slot of 64 bytes per job in flight (one, or `concurrency`), that the child
+  rewrites at every job start and end, so the hot path costs no system call; the supervisor
+  reads it when it judges a timeout or reaps a death. It
   names the job's type too (an index into the child's types), so a death's retry backoff needs
   no query.
 """
@@ -35,6 +36,31 @@ class Wake:
 @dataclass(frozen=True, slots=True)
 class Stop:
     """Finish the job in hand, release the rest of the batch, exit 0."""
+
+
+@dataclass(frozen=True, slots=True)
+class CancelJob:
+    """A child with many jobs in flight: the job was cancelled in the database; cancel its
+    task (an async job) rather than being killed."""
+
+    job_id: JobId
+
+
+@dataclass(frozen=True, slots=True)
+class RunAlone:
+    """Jobs released from a death of a child that held several: whichever child claims one
+    runs it with nothing else in flight (see deaths.py). The ids travel as 16 bytes each, so
+    a thousand fit well inside a pipe's buffer (a child still booting is not reading yet)."""
+
+    packed: bytes
+
+    @classmethod
+    def of(cls, ids: Sequence[JobId]) -> RunAlone:
+        return cls(b"".join(i.bytes for i in ids))
+
+    def job_ids(self) -> list[JobId]:
+        p = self.packed
+        return [JobId(uuid.UUID(bytes=p[i : i + 16])) for i in range(0, len(p), 16)]
 
 
 # ---- child -> supervisor ----
@@ -71,7 +97,7 @@ class BootFailed:
     app_error: bool
 
 
-ToChild = Wake | Stop
+ToChild = Wake | Stop | CancelJob | RunAlone
 FromChild = Ready | Idle | Report | Retiring | BootFailed
 
 
@@ -84,28 +110,42 @@ class SlotView:
     timeout: float | None
     attempt: int
     job_type: str | None  # None only if the child ran a type the slot was not told of
+    # seconds past the timeout the child gets to cancel the job itself (an async job); 0: the
+    # supervisor stops the child at the timeout (a sync job cannot be interrupted)
+    grace: float = 0.0
 
 
-# seq, job id, started, timeout (0 = none), attempt, type index (-1 = unknown)
-_LAYOUT = struct.Struct("<Q16sddii")
+# seq, job id, started, timeout (0 = none), grace, attempt, type index (-1 = unknown)
+_LAYOUT = struct.Struct("<Q16sdddii")
+_ENTRY = 64
 _NO_JOB = b"\0" * 16
 
 
 class JobSlot:
-    """The job a child is running, in shared memory. A sequence lock keeps reads untorn:
+    """The jobs a child is running, in shared memory: one 64-byte entry per job it may hold at
+    once (`capacity`, the child's concurrency). A sequence lock per entry keeps reads untorn:
     the writer makes `seq` odd while it writes; readers retry until they see one even value
     on both sides of their copy. `types` are the child's job types: the slot stores a type as
     its index, looked up in a dict built once."""
 
-    def __init__(self, types: Sequence[str] = (), raw: Array[ctypes.c_char] | None = None) -> None:
-        self._attach(raw if raw is not None else RawArray(ctypes.c_char, 64), tuple(types))
+    def __init__(
+        self,
+        types: Sequence[str] = (),
+        raw: Array[ctypes.c_char] | None = None,
+        *,
+        capacity: int = 1,
+    ) -> None:
+        self._attach(
+            raw if raw is not None else RawArray(ctypes.c_char, _ENTRY * capacity), tuple(types)
+        )
 
     def _attach(self, raw: Array[ctypes.c_char], types: tuple[str, ...]) -> None:
         self.raw = raw
         self.types = types
         self._index = {t: i for i, t in enumerate(types)}
         self._view = memoryview(raw).cast("B")
-        self._seq = 0
+        self.capacity = max(1, len(raw) // _ENTRY)
+        self._seqs = [0] * self.capacity
 
     # Pickled for the spawned child as the shared array itself (multiprocessing passes its fd).
     def __getstate__(self) -> object:
@@ -114,33 +154,72 @@ class JobSlot:
     def __setstate__(self, state: tuple[Array[ctypes.c_char], tuple[str, ...]]) -> None:
         self._attach(*state)
 
-    def _write(self, job: bytes, started: float, timeout: float, attempt: int, type_: int) -> None:
-        self._seq += 1
-        struct.pack_into("<Q", self._view, 0, self._seq)
-        _LAYOUT.pack_into(self._view, 0, self._seq, job, started, timeout, attempt, type_)
-        self._seq += 1
-        struct.pack_into("<Q", self._view, 0, self._seq)
+    def _write(
+        self,
+        entry: int,
+        job: bytes,
+        started: float,
+        timeout: float,
+        grace: float,
+        attempt: int,
+        type_: int,
+    ) -> None:
+        off = entry * _ENTRY
+        seq = self._seqs[entry] + 1
+        struct.pack_into("<Q", self._view, off, seq)
+        _LAYOUT.pack_into(self._view, off, seq, job, started, timeout, grace, attempt, type_)
+        self._seqs[entry] = seq = seq + 1
+        struct.pack_into("<Q", self._view, off, seq)
 
     def set(
-        self, job_id: JobId, started: float, timeout: float | None, attempt: int, job_type: str
+        self,
+        job_id: JobId,
+        started: float,
+        timeout: float | None,
+        attempt: int,
+        job_type: str,
+        *,
+        entry: int = 0,
+        grace: float = 0.0,
     ) -> None:
-        """The child starts a job (`started` by its time.monotonic())."""
-        self._write(job_id.bytes, started, timeout or 0.0, attempt, self._index.get(job_type, -1))
+        """The child starts a job (`started` by its time.monotonic()) in `entry`."""
+        self._write(
+            entry,
+            job_id.bytes,
+            started,
+            timeout or 0.0,
+            grace,
+            attempt,
+            self._index.get(job_type, -1),
+        )
 
-    def clear(self) -> None:
-        self._write(_NO_JOB, 0.0, 0.0, 0, -1)
+    def clear(self, entry: int = 0) -> None:
+        self._write(entry, _NO_JOB, 0.0, 0.0, 0.0, 0, -1)
 
-    def read(self) -> SlotView | None:
+    def read(self, entry: int = 0) -> SlotView | None:
+        off = entry * _ENTRY
         for _ in range(1000):
-            before = struct.unpack_from("<Q", self._view, 0)[0]
+            before = struct.unpack_from("<Q", self._view, off)[0]
             if before % 2:
                 continue
-            _, job, started, timeout, attempt, type_ = _LAYOUT.unpack_from(self._view, 0)
-            if struct.unpack_from("<Q", self._view, 0)[0] == before:
+            _, job, started, timeout, grace, attempt, type_ = _LAYOUT.unpack_from(self._view, off)
+            if struct.unpack_from("<Q", self._view, off)[0] == before:
                 if job == _NO_JOB:
                     return None
                 job_type = self.types[type_] if 0 <= type_ < len(self.types) else None
                 return SlotView(
-                    JobId(uuid.UUID(bytes=job)), started, timeout or None, attempt, job_type
+                    JobId(uuid.UUID(bytes=job)),
+                    started,
+                    timeout or None,
+                    attempt,
+                    job_type,
+                    grace,
                 )
         return None
+
+    def read_all(self) -> list[SlotView]:
+        """Every job in the slot, entry by entry."""
+        if self.capacity == 1:
+            view = self.read()
+            return [] if view is None else [view]
+        return [v for i in range(self.capacity) if (v := self.read(i)) is not None]

@@ -55,6 +55,12 @@ class Metrics:
             registry=r,
         )
         self.children = Gauge("pgq_children", "Live child processes", registry=r)
+        self.in_flight = Gauge(
+            "pgq_child_jobs_in_flight",
+            "Jobs a child runs now (its concurrency at most), read from its slot each second",
+            ["child"],
+            registry=r,
+        )
         self.duration = Histogram(
             "pgq_job_duration_seconds",
             "Handler run time",

@@ -156,6 +156,12 @@ class Handler:
     policy: Policy
     rate: Rate | None = None
     limits: Limits | None = None
+    concurrency: int | None = None  # at most this many of the type in flight in one child
+
+    @property
+    def is_async(self) -> bool:
+        """An `async def` handler: run on the child's event loop."""
+        return inspect.iscoroutinefunction(self.func)
 
     @property
     def timeout(self) -> float | None:
@@ -206,12 +212,14 @@ class Registry:
         rate: tuple[int, float | timedelta] | None = None,
         global_concurrency: int | None = None,
         key_concurrency: int | None = None,
+        concurrency: int | None = None,
     ) -> Callable[[F], F]:
         """Register the decorated function as the handler of `type_`. `rate=(N, period)`: at
         most N starts of the type per period (seconds or timedelta) across all supervisors
         (see Rate). `global_concurrency=N`: at most N jobs of the type running at once across
         all supervisors; `key_concurrency=N`: at most N running per `concurrency_key` (see
-        Limits). ConfigError for an invalid option."""
+        Limits). `concurrency=N`: at most N jobs of the type in flight in one child (the
+        `concurrency` setting caps them all). ConfigError for an invalid option."""
         try:
             check_type_name(type_)
         except ValueError as exc:
@@ -222,12 +230,18 @@ class Registry:
             raise ConfigError(f"handler {type_!r}: max_retry_count must be >= 0")
         parsed_rate = None if rate is None else Rate.parse(type_, rate)
         limits = Limits.parse(type_, global_concurrency, key_concurrency)
+        if concurrency is not None and (
+            isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
+        ):
+            raise ConfigError(f"handler {type_!r}: concurrency must be an integer >= 1")
 
         def register(func: F) -> F:
             if type_ in self.handlers:
                 raise ConfigError(f"job type {type_!r} has two handlers")
             handler = _make_handler(type_, func, timeout, max_retry_count, retry or RetryPolicy())
-            self.handlers[type_] = dataclasses.replace(handler, rate=parsed_rate, limits=limits)
+            self.handlers[type_] = dataclasses.replace(
+                handler, rate=parsed_rate, limits=limits, concurrency=concurrency
+            )
             return func
 
         return register

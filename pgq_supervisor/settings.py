@@ -62,6 +62,7 @@ class Settings(BaseSettings):
         False, description="sync commit for claims/heartbeats/completions (on behind PgBouncer)"
     )
     claim_batch: int = Field(100, ge=1, le=200, description="most jobs one claim may take")
+    concurrency: int = Field(1, ge=1, le=1000, description="most jobs one child runs at once")
     metrics_port: int | None = Field(None, ge=0, le=65535)
     metrics_host: str = "0.0.0.0"
     retain_succeeded: float | None = Field(

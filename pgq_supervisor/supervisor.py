@@ -58,10 +58,19 @@ from pgq_supervisor.child import (
     describe_exit,
     spawn_process,
 )
-from pgq_supervisor.deaths import Deaths
+from pgq_supervisor.deaths import Deaths, shared_death
 from pgq_supervisor.errors import DatabaseError, ExitCode
-from pgq_supervisor.ipc import BootFailed, Idle, JobSlot, Ready, Report, Retiring, Wake
-from pgq_supervisor.jobs import JsonValue
+from pgq_supervisor.ipc import (
+    BootFailed,
+    Idle,
+    JobSlot,
+    Ready,
+    Report,
+    Retiring,
+    RunAlone,
+    Wake,
+)
+from pgq_supervisor.jobs import JobId, JsonValue
 from pgq_supervisor.listener import AVAILABLE, CANCEL, Listener
 from pgq_supervisor.maintenance import (
     RATE_DUE,
@@ -78,6 +87,9 @@ from pgq_supervisor.signals import RecordedSignals
 log = logging.getLogger(__name__)
 
 TICK = 0.1  # the longest wait: timeouts and respawns are judged at least this often
+IN_FLIGHT_EVERY = 1.0  # how often the in-flight gauge reads the children's slots
+RUN_ALONE_KEEP = 10_000  # the most jobs remembered as having to run alone (deaths.py)
+RUN_ALONE_AT_SPAWN = 1_000  # the latest of them a new child is told before its first claim
 KILL_GRACE = 2.0  # SIGTERM to SIGKILL
 
 
@@ -173,6 +185,9 @@ class Supervisor:
         )
         self.sel = selectors.DefaultSelector()
         self.last_loop = now
+        self.in_flight_at = now
+        # jobs released from a death of a child that held several: they run alone (deaths.py)
+        self.run_alone: dict[JobId, None] = {}
         self.host = socket.gethostname()
         # the row the Workers page and `workers` read (schema/0010): upserted every
         # heartbeat_interval, deleted on a clean exit
@@ -379,18 +394,25 @@ class Supervisor:
     def _spawn(self, index: int, now: float) -> None:
         worker_id = f"{self.host}:{os.getpid()}:{index}:{self.rng.getrandbits(32):08x}"
         spec = child_spec(self.settings, index, worker_id, self.dsn, self.types)
-        slot = JobSlot(spec.types)
+        slot = JobSlot(spec.types, capacity=spec.concurrency)
         proc, pipe = self.spawner(spec, slot)
         child = Child(spec=spec, proc=proc, pipe=pipe, slot=slot, started_at=now)
         self.children[index] = child
         self.sel.register(pipe, selectors.EVENT_READ, PipeSource(child))
         self.sel.register(proc.sentinel, selectors.EVENT_READ, ExitSource(child))
+        if self.run_alone and spec.concurrency > 1:
+            # in the pipe before the child's first claim (16 KB at most: the buffer holds it)
+            child.send(RunAlone.of(list(self.run_alone)[-RUN_ALONE_AT_SPAWN:]))
         self.metrics.children.set(len(self.children))
 
     def _enforce(self, now: float) -> None:
         """Kill what outlived its time: children at the shutdown deadline, jobs cancelled or
         past their timeout (SIGTERM), children that ignored SIGTERM for KILL_GRACE (SIGKILL)."""
         at_deadline = self.shutdown_deadline is not None and now >= self.shutdown_deadline
+        if now - self.in_flight_at >= IN_FLIGHT_EVERY:
+            self.in_flight_at = now
+            for index, child in self.children.items():
+                self.metrics.in_flight.labels(str(index)).set(len(child.current_jobs()))
         for child in self.children.values():
             if child.state is ChildState.KILLED:
                 continue
@@ -402,7 +424,7 @@ class Supervisor:
                     child.kill()
             elif (job := cancels.due(child)) is not None:
                 log.info("job id=%s was cancelled: stopping child %d", job.job_id, child.spec.index)
-                child.stop_cancelled(now, job.job_id)
+                child.stop_cancelled(now, job)
             elif (job := child.overdue_job(now)) is not None:
                 log.warning(
                     "job id=%s outran its timeout of %g s: killing child %d",
@@ -426,6 +448,7 @@ class Supervisor:
             self.fatal = self.respawns.boot_failed(child.boot_failure)
             if self.fatal is not None:
                 self._begin_shutdown("fatal")
+        self._run_alone(shared_death(child))  # told before the release makes them claimable
         self._settle_jobs(child, how)
         clean = child.proc.exitcode == ExitCode.OK and child.leaving
         # stopped for a cancel: asked for, so no crash (no respawn backoff, no warning)
@@ -436,6 +459,18 @@ class Supervisor:
             lived = now - child.started_at
             self.respawns.after_exit(child.spec.index, lived, clean or cancelled, now)
             self.metrics.restarts.inc()
+
+    def _run_alone(self, ids: tuple[JobId, ...]) -> None:
+        """Tell the children that may run several jobs at once to run these alone."""
+        if not ids:
+            return
+        for job_id in ids:
+            self.run_alone[job_id] = None
+        while len(self.run_alone) > RUN_ALONE_KEEP:
+            del self.run_alone[next(iter(self.run_alone))]
+        for other in self.children.values():
+            if other.spec.concurrency > 1 and not other.leaving:
+                other.send(RunAlone.of(ids))
 
     def _settle_jobs(self, child: Child, how: str) -> None:
         try:

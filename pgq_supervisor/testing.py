@@ -8,6 +8,8 @@ reports is recorded (`DrainResult.progress`, or the `progress` list given to `ru
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import os
 import uuid
 from collections.abc import Collection
@@ -33,8 +35,9 @@ def run_inline(
     """Validate `payload` and call the handler of `type` directly: no database, no retries.
 
     Each value the handler reports with `job.report_progress` is checked as a worker would
-    and appended to `progress` when given. Handlers that take `conn` cannot run this way
-    (use `drain`)."""
+    and appended to `progress` when given. An `async def` handler is run to its end with
+    asyncio.run (so not from inside a running event loop). Handlers that take `conn` cannot
+    run this way (use `drain`)."""
     handler = registry.get(type)
     if handler.wants_conn:
         raise TypeError(f"handler {type!r} takes conn: run it with drain() on a database")
@@ -55,6 +58,8 @@ def run_inline(
     recorder = Recorder()
     with reporting(recorder):
         result = handler.func(value, **kwargs)
+        if inspect.iscoroutine(result):  # an async handler: run it to its end here
+            result = asyncio.run(result)
     if progress is not None:
         progress.extend(v for values in recorder.values.values() for v in values)
     return result
@@ -112,7 +117,17 @@ def drain(
         if not jobs:
             break
         for job in jobs:
-            completer.run(conn, job, executor)
+            handler = registry.handlers.get(job.type)
+            if handler is not None and handler.is_async:
+                if handler.wants_conn:
+                    completer.release(conn, [job])
+                    raise TypeError(
+                        f"handler {job.type!r} is async and takes conn: drain() cannot give it"
+                        " an AsyncConnection; run it under the supervisor"
+                    )
+                completer.report(conn, asyncio.run(executor.run_async(job)))
+            else:
+                completer.run(conn, job, executor)
         completer.flush(conn)
         result.outcomes.extend(completer.take_outcomes())
     return result

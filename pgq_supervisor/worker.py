@@ -70,6 +70,7 @@ class ChildSpec:
     connect_timeout: float = 30.0
     synchronous_commit: bool = False
     prepare_threshold: int | None = db.PREPARE_THRESHOLD
+    concurrency: int = 1  # most jobs in flight at once (1: the one-at-a-time Worker below)
 
 
 def child_main(spec: ChildSpec, pipe: Connection, slot: JobSlot) -> None:
@@ -94,7 +95,12 @@ def child_main(spec: ChildSpec, pipe: Connection, slot: JobSlot) -> None:
         pipe.send(BootFailed(str(exc), app_error=False))
         sys.exit(ExitCode.CHILD_BOOT_FAILURE)
     _trim_heap()
-    Worker(spec, registry, pipe, slot, conn).run()
+    from pgq_supervisor.inflight import InFlightWorker, uses_loop  # it builds on this module
+
+    if uses_loop(spec, registry):
+        InFlightWorker(spec, registry, pipe, slot, conn).run()
+    else:
+        Worker(spec, registry, pipe, slot, conn).run()
     sys.exit(0)
 
 

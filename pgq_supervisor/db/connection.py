@@ -144,6 +144,17 @@ def durable_commit(conn: Conn) -> None:
         conn.execute(statement("durable_commit", DEFAULT_SCHEMA))
 
 
+async def durable_commit_async(conn: AsyncConn) -> None:
+    """`durable_commit` on an async connection."""
+    with wrapped():
+        await conn.execute(statement("durable_commit", DEFAULT_SCHEMA))
+
+
+def asynchronous_commit_sql() -> bytes:
+    """The statement that turns synchronous_commit off for a session (pooled connections)."""
+    return statement("asynchronous_commit", DEFAULT_SCHEMA)
+
+
 def _on_channel(verb: LiteralString, channel: str) -> sql.Composed:
     return sql.SQL(verb + " {}").format(sql.Identifier(channel))
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from psycopg.rows import scalar_row
 
 from pgq_supervisor.db import rows
-from pgq_supervisor.db.connection import Conn, statement, wrapped
+from pgq_supervisor.db.connection import AsyncConn, Conn, statement, wrapped
 from pgq_supervisor.db.params import (
     ClaimParams,
     EndAttemptParams,
@@ -108,6 +108,17 @@ def succeed(
     params = _succeed_params(lease, results)
     with wrapped(), conn.cursor(row_factory=scalar_row) as cur:
         return set(cur.execute(statement("succeed", schema), params).fetchall())
+
+
+async def succeed_async(
+    conn: AsyncConn, schema: str, lease: LeaseToken, results: Sequence[tuple[JobId, str | None]]
+) -> set[JobId]:
+    """`succeed` on an async connection: an async handler's transaction commits with it."""
+    params = _succeed_params(lease, results)
+    with wrapped():
+        async with conn.cursor(row_factory=scalar_row) as cur:
+            await cur.execute(statement("succeed", schema), params)
+            return set(await cur.fetchall())
 
 
 def succeed_and_claim(

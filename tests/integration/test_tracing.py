@@ -103,6 +103,34 @@ def test_every_attempt_is_a_span_linked_to_the_enqueue(
     }, "the handler's spans are children of its attempt's"
 
 
+def test_an_async_handler_attempt_is_a_span_too(conn: Conn, exporter: InMemorySpanExporter) -> None:
+    """Async handlers (run on the child's loop with many in flight) go through the same hook."""
+    registry = pgq.Registry()
+    tracer = trace.get_tracer("test")
+
+    @registry.handler("traced_async", retry=NO_BACKOFF, max_retry_count=0)
+    async def traced_async(payload: dict[str, int]) -> None:
+        await asyncio.sleep(0)
+        if payload["fail"]:
+            raise RuntimeError("it fails")
+
+    with tracer.start_as_current_span("producer") as producer:
+        ok = pgq.enqueue(conn, "traced_async", {"fail": 0})
+        bad = pgq.enqueue(conn, "traced_async", {"fail": 1})
+    assert drain(conn, registry).succeeded == 1
+    spans = {
+        str((s.attributes or {})["pgq.job.id"]): s
+        for s in exporter.get_finished_spans()
+        if s.name == "pgq.run traced_async"
+    }
+    assert set(spans) == {str(ok), str(bad)}
+    assert (spans[str(ok)].attributes or {})["pgq.job.outcome"] == "succeeded"
+    assert (spans[str(bad)].attributes or {})["pgq.job.outcome"] == "error"
+    assert not spans[str(bad)].status.is_ok
+    want = producer.get_span_context().span_id
+    assert all([link.context.span_id for link in s.links] == [want] for s in spans.values())
+
+
 SCRIPT = """
 import sys
 if sys.argv[2] == "absent":

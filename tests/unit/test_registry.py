@@ -68,6 +68,9 @@ def test_bad_type_name_is_a_config_error(type_: str) -> None:
         ({"timeout": 0}, "timeout must be > 0"),
         ({"timeout": -1.5}, "timeout must be > 0"),
         ({"max_retry_count": -1}, "max_retry_count must be >= 0"),
+        ({"concurrency": 0}, "concurrency must be an integer >= 1"),
+        ({"concurrency": 2.5}, "concurrency must be an integer >= 1"),
+        ({"concurrency": True}, "concurrency must be an integer >= 1"),
     ],
 )
 def test_bad_handler_options_are_config_errors(options: dict[str, float], match: str) -> None:
@@ -268,3 +271,19 @@ def test_claim_policy_pairs_each_type_with_its_retry_budget() -> None:
     )
     with pytest.raises(pgq.InvalidInput, match="nobody"):
         registry.claim_policy(["a", "nobody"])
+
+
+def test_a_handler_may_cap_its_type_and_be_async() -> None:
+    registry = pgq.Registry()
+
+    @registry.handler("fetch", concurrency=5)
+    async def fetch(payload: dict[str, int]) -> None:
+        return None
+
+    @registry.handler("plain")
+    def plain(payload: dict[str, int]) -> None:
+        return None
+
+    assert registry.handlers["fetch"].concurrency == 5 and registry.handlers["fetch"].is_async
+    assert registry.handlers["plain"].concurrency is None
+    assert not registry.handlers["plain"].is_async

@@ -41,6 +41,7 @@ def test_defaults_are_valid() -> None:
         ({"heartbeat_interval": 0}, "heartbeat_interval"),
         ({"poll_interval": -1}, "poll_interval"),
         ({"claim_batch": 201}, "claim_batch"),
+        ({"concurrency": 0}, "concurrency"),
         ({"metrics_port": 70000}, "metrics_port"),
         ({"log_format": "xml"}, "log_format"),
         ({"log_level": "verbose"}, "log_level"),

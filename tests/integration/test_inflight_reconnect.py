@@ -1,0 +1,142 @@
+"""A child with many jobs in flight (inflight.py) cut off from its database: it backs off,
+reconnects when it can, and every job still ends once; a Stop ends it during the outage.
+
+The InFlightWorker runs its loop on a thread of the test process, with a real pipe and a real
+database, which refuses new connections (ALLOW_CONNECTIONS false) while its sessions are cut.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from multiprocessing.connection import Connection
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
+
+import pgq_supervisor as pgq
+from pgq_supervisor.backoff import Backoff
+from pgq_supervisor.db import Conn
+from pgq_supervisor.inflight import InFlightWorker
+from pgq_supervisor.ipc import Idle, JobSlot, Ready, Stop, Wake
+from pgq_supervisor.worker import ChildSpec, connect_retrying
+from tests.integration.support import DEADLINE, count_rows, until
+
+registry = pgq.Registry()
+
+
+@registry.handler("a")
+async def nap(payload: dict[str, float]) -> None:
+    await asyncio.sleep(payload.get("seconds", 0.01))
+
+
+def _spec(dsn: str) -> ChildSpec:
+    return ChildSpec(
+        index=0,
+        worker_id="test/child-0",
+        app="tests:registry",
+        dsn=dsn,
+        schema="pgq",
+        types=("a",),
+        heartbeat_interval=1.0,
+        claim_batch=10,
+        max_jobs=None,
+        max_memory_mb=None,
+        log_level="info",
+        log_format="text",
+        concurrency=10,
+    )
+
+
+def _expect(pipe: Connection, kind: type) -> None:
+    assert pipe.poll(DEADLINE), f"no {kind.__name__} from the worker"
+    msg = pipe.recv()
+    assert isinstance(msg, kind), msg
+
+
+@contextmanager
+def _worker(
+    dsn: str, error_backoff: Backoff | None = None
+) -> Iterator[tuple[Connection, threading.Thread]]:
+    ours, theirs = multiprocessing.Pipe()
+    conn = connect_retrying(dsn, 5.0, synchronous_commit=False)
+    slot = JobSlot(capacity=10)
+    worker = InFlightWorker(_spec(dsn), registry, theirs, slot, conn, error_backoff=error_backoff)
+    thread = threading.Thread(target=worker.run, name="test-inflight", daemon=True)
+    thread.start()
+    try:
+        _expect(ours, Ready)
+        _expect(ours, Idle)  # nothing to do yet
+        yield ours, thread
+    finally:
+        if thread.is_alive():
+            ours.send(Stop())
+            thread.join(DEADLINE)
+        ours.close()
+
+
+@pytest.fixture
+def gate(server_dsn: str, dsn: str) -> Iterator[Callable[[bool], None]]:
+    """gate(False): the test database refuses new connections and the worker's sessions are
+    ended; gate(True) lets connections in again."""
+    dbname = str(conninfo_to_dict(dsn)["dbname"])
+
+    def set_open(open_: bool) -> None:
+        with psycopg.connect(server_dsn, autocommit=True) as admin:
+            admin.execute(
+                sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS {}").format(
+                    sql.Identifier(dbname), sql.SQL("true" if open_ else "false")
+                )
+            )
+            if not open_:
+                admin.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE datname = %s AND application_name LIKE 'pgq-%%'",
+                    (dbname,),
+                )
+
+    yield set_open
+    set_open(True)
+
+
+def _logged(caplog: pytest.LogCaptureFixture, text: str) -> bool:
+    return any(text in r.getMessage() for r in list(caplog.records))
+
+
+def test_many_in_flight_reconnects_after_an_outage_and_runs_every_job_once(
+    conn: Conn, dsn: str, gate: Callable[[bool], None], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    with _worker(dsn) as (pipe, _):
+        gate(False)
+        pgq.enqueue_many(conn, [pgq.NewJob("a", {"seconds": 0.01}) for _ in range(50)])
+        pipe.send(Wake(time.monotonic()))
+        until(lambda: _logged(caplog, "cannot connect"), "a failed reconnect")
+        assert count_rows(conn, where="state = 'pending'") == 50
+        gate(True)
+        until(lambda: count_rows(conn, where="state = 'succeeded'") == 50, "every job done")
+        assert _logged(caplog, "reconnected")
+        assert count_rows(conn, where="attempts <> '[]'") == 0  # each ran once
+
+
+def test_stop_wakes_a_worker_from_its_error_backoff(
+    dsn: str, gate: Callable[[bool], None], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    long_wait = Backoff(initial=60.0, maximum=60.0)
+    with _worker(dsn, error_backoff=long_wait) as (pipe, thread):
+        gate(False)
+        pipe.send(Wake(time.monotonic()))
+        until(lambda: _logged(caplog, "database error"), "a failed claim")
+        stopped_at = time.monotonic()
+        pipe.send(Stop())
+        thread.join(DEADLINE)
+        assert not thread.is_alive()
+        assert time.monotonic() - stopped_at < 10, "the 60 s backoff ignored the Stop"
