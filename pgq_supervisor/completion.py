@@ -108,10 +108,9 @@ class Completer:
         Buffered successes of one lease and no bundle are written by the claim's own
         statement (one commit for both); any others are flushed first.
         """
-        lease = self._rider()
-        if lease is None:
-            self.flush(conn)
-            jobs = db.claim(
+
+        def claim_alone() -> list[Job]:
+            return db.claim(
                 conn,
                 self.schema,
                 worker_id=self.worker_id,
@@ -119,6 +118,11 @@ class Completer:
                 max_retry_counts=policy.max_retry_counts,
                 limit=limit,
             )
+
+        lease = self._rider()
+        if lease is None:
+            self.flush(conn)
+            jobs = claim_alone()
         else:
             limited = policy.limited and any(r.job.type in policy.limited for r in self._successes)
             held, jobs = db.succeed_and_claim(
@@ -136,14 +140,7 @@ class Completer:
                 # The claim counted the jobs it completed as running (a concurrency limit
                 # counts under its own snapshot, before the completion's update): the slots
                 # they free are seen now, and would otherwise wait for a wake-up or the poll.
-                jobs = db.claim(
-                    conn,
-                    self.schema,
-                    worker_id=self.worker_id,
-                    types=policy.types,
-                    max_retry_counts=policy.max_retry_counts,
-                    limit=limit,
-                )
+                jobs = claim_alone()
         self._written_at = self.clock()
         if jobs and self.heartbeat is not None:
             self.heartbeat.hold(jobs[0].lease, [j.id for j in jobs])  # one claim, one lease

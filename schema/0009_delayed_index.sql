@@ -108,12 +108,21 @@ SET enable_seqscan = off
 SET jit = off
 AS $$
 DECLARE
-    r       record;
-    d       record;
-    v_more  boolean;  -- d holds a due delayed job not yet considered
+    r       record;  -- the next job due when inserted (c_ready), if v_r
+    d       record;  -- the next delayed job come due (c_due), if v_d
+    v_r     boolean;
+    v_d     boolean;
+    v_id    uuid;
+    v_key   text;
     v_ok    boolean;
     v_taken jsonb;  -- key -> jobs of that key running, or taken by this claim
     v_ids   uuid[] := '{}';
+    c_ready CURSOR FOR
+        SELECT p.id, p.concurrency_key AS key, p.priority, p.created_at
+        FROM job p
+        WHERE p.state = 'pending' AND p.waiting_on = 0 AND p.start_at <= p.created_at
+          AND p.start_at <= now() AND p.type = p_type
+        ORDER BY p.priority DESC, p.created_at, p.id;
     c_due CURSOR FOR
         SELECT p.id, p.concurrency_key AS key, p.priority, p.created_at
         FROM job p
@@ -125,50 +134,32 @@ BEGIN
     FROM (SELECT j.concurrency_key AS key, count(*) AS n FROM job j
           WHERE j.state = 'running' AND j.type = p_type AND j.concurrency_key IS NOT NULL
           GROUP BY j.concurrency_key) k;
+    OPEN c_ready;
     OPEN c_due;
+    FETCH c_ready INTO r;
+    v_r := FOUND;
     FETCH c_due INTO d;
-    v_more := FOUND;
-    FOR r IN
-        SELECT p.id, p.concurrency_key AS key, p.priority, p.created_at
-        FROM job p
-        WHERE p.state = 'pending' AND p.waiting_on = 0 AND p.start_at <= p.created_at
-          AND p.start_at <= now() AND p.type = p_type
-        ORDER BY p.priority DESC, p.created_at, p.id
-    LOOP
-        -- the due delayed jobs that come before r in claim order
-        WHILE v_more AND ROW(-d.priority, d.created_at, d.id) < ROW(-r.priority, r.created_at, r.id)
-        LOOP
-            SELECT t.p_taken, t.taken INTO v_taken, v_ok
-            FROM claim_pick_keyed_take(d.id, d.key, p_per_key, v_taken) t;
-            IF v_ok THEN
-                v_ids := v_ids || d.id;
-                IF cardinality(v_ids) >= p_cap THEN
-                    RETURN v_ids;
-                END IF;
-            END IF;
+    v_d := FOUND;
+    -- the two walks merged in claim order
+    WHILE v_r OR v_d LOOP
+        IF v_d AND (NOT v_r OR ROW(-d.priority, d.created_at, d.id)
+                                < ROW(-r.priority, r.created_at, r.id)) THEN
+            v_id := d.id;
+            v_key := d.key;
             FETCH c_due INTO d;
-            v_more := FOUND;
-        END LOOP;
-        SELECT t.p_taken, t.taken INTO v_taken, v_ok
-        FROM claim_pick_keyed_take(r.id, r.key, p_per_key, v_taken) t;
-        IF v_ok THEN
-            v_ids := v_ids || r.id;
-            IF cardinality(v_ids) >= p_cap THEN
-                RETURN v_ids;
-            END IF;
+            v_d := FOUND;
+        ELSE
+            v_id := r.id;
+            v_key := r.key;
+            FETCH c_ready INTO r;
+            v_r := FOUND;
         END IF;
-    END LOOP;
-    WHILE v_more LOOP
         SELECT t.p_taken, t.taken INTO v_taken, v_ok
-        FROM claim_pick_keyed_take(d.id, d.key, p_per_key, v_taken) t;
+        FROM claim_pick_keyed_take(v_id, v_key, p_per_key, v_taken) t;
         IF v_ok THEN
-            v_ids := v_ids || d.id;
-            IF cardinality(v_ids) >= p_cap THEN
-                RETURN v_ids;
-            END IF;
+            v_ids := v_ids || v_id;
+            EXIT WHEN cardinality(v_ids) >= p_cap;
         END IF;
-        FETCH c_due INTO d;
-        v_more := FOUND;
     END LOOP;
     RETURN v_ids;
 END $$;

@@ -308,7 +308,7 @@ CROSS JOIN cancel_sent
 -- The supervisor's poll behind pgq_job_cancel: which of the jobs its children hold now were
 -- cancelled (by primary key, a handful of ids). The state is compared as text so that no index
 -- on state can serve it: with few cancelled jobs in its statistics the planner would otherwise
--- walk the cancelled range of job_state_created_idx (schema/0010), which grows with them.
+-- walk the cancelled range of job_unusual_created_idx (schema/0010), which grows with them.
 SELECT id FROM {schema}.job WHERE id = ANY(%(ids)s::uuid[]) AND state::text = 'cancelled'
 
 -- name: reset
@@ -658,12 +658,13 @@ ORDER BY started_at, id
 -- The dashboard's job list: newest first, one page after the keyset (before_at, before_id),
 -- never OFFSET. Each filter is NULL for none; the web connections do not prepare statements,
 -- so each query is planned with its values and a NULL filter folds away: the planner walks
--- job_created_idx, job_state_created_idx or job_type_created_idx backwards, or finds a
+-- job_created_idx, job_unusual_created_idx (failed, cancelled) or job_type_created_idx
+-- backwards (a common state on job_created_idx: most rows are of one), or finds a
 -- unique_key on job_unique_key_any_idx (schema/0010).
 SELECT id, type, state, priority, unique_key, bundle_id, current_retry_count, max_retry_count,
        progress, error_msg, created_at, started_at, stopped_at
 FROM {schema}.job
-WHERE (%(state)s::text IS NULL OR state = %(state)s::{schema}.job_state)
+WHERE (%(state)s::{schema}.job_state IS NULL OR state = %(state)s::{schema}.job_state)
   AND (%(type)s::text IS NULL OR type = %(type)s::text)
   AND (%(unique_key)s::text IS NULL OR unique_key = %(unique_key)s::text)
   AND (%(since)s::timestamptz IS NULL OR created_at >= %(since)s::timestamptz)

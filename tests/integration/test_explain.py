@@ -267,20 +267,18 @@ def test_a_key_limited_claim_walks_job_claim_idx_in_order(conn: Conn) -> None:
     job_claim_idx, never a sort of the backlog; the delayed jobs come due, merged in by the
     function, are read from job_delayed_idx (schema/0009)."""
     _fill(conn)
-    ready, config = _function_query(
-        conn, "claim_pick_keyed", "SELECT p.id", "\n    LOOP", {"p_type": "%(type)s::text"}
-    )
-    ready = ready[ready.index("SELECT p.id", 1) :] if "start_at > p" in ready else ready
-    nodes = _explain(conn, ready, config, {"type": "a"})
+    walks: dict[str, list[Plan]] = {}
+    for cursor in ("c_ready", "c_due"):
+        text, config = _function_query(
+            conn, "claim_pick_keyed", f"{cursor} CURSOR FOR", ";", {"p_type": "%(type)s::text"}
+        )
+        walks[cursor] = _explain(conn, text.split("FOR", 1)[1], config, {"type": "a"})
+    nodes = walks["c_ready"]
     assert [(s["Node Type"], s.get("Index Name")) for s in _job_scans(nodes)] == [
         ("Index Scan", "job_claim_idx")
     ], nodes
     assert not [n for n in nodes if "Sort" in str(n["Node Type"])], nodes
-    due, _ = _function_query(
-        conn, "claim_pick_keyed", "SELECT p.id", ";", {"p_type": "%(type)s::text"}
-    )
-    assert "p.start_at > p.created_at" in due, due
-    nodes = _explain(conn, due, config, {"type": "a"})
+    nodes = walks["c_due"]
     assert [s.get("Index Name") for s in _job_scans(nodes)] == ["job_delayed_idx"], nodes
 
 

@@ -14,8 +14,8 @@ FILL = """
 INSERT INTO pgq.job (type, payload, state, max_retry_count, started_at, stopped_at, worker_id,
                      created_at, unique_key, error_msg)
 SELECT (ARRAY['a', 'b', 'c', 'd', 'e'])[1 + g % 5], '{}',
-       (ARRAY['succeeded', 'succeeded', 'succeeded', 'failed', 'cancelled'])[1 + g % 5]
-           ::pgq.job_state,
+       (CASE WHEN g % 100 = 0 THEN 'cancelled' WHEN g % 100 < 3 THEN 'failed'
+             ELSE 'succeeded' END)::pgq.job_state,  -- failures are rare, as in production
        3, now() - interval '1 hour', now() - interval '59 minutes', 'old-worker',
        now() - make_interval(secs => g), 'key-' || g, 'boom'
 FROM generate_series(1, 100000) g;
@@ -28,17 +28,18 @@ NONE: dict[str, object] = {
 NOW = datetime.now(UTC)
 CASES: dict[str, tuple[dict[str, object], set[str]]] = {
     "no filter": ({}, {"job_created_idx"}),
-    "state": ({"state": "failed"}, {"job_state_created_idx"}),
+    "state": ({"state": "failed"}, {"job_unusual_created_idx"}),
+    "cancelled": ({"state": "cancelled"}, {"job_unusual_created_idx"}),
     "type": ({"type": "c"}, {"job_type_created_idx"}),
     "time range": (
         {"since": NOW - timedelta(hours=3), "until": NOW - timedelta(hours=2)},
         {"job_created_idx"},
     ),
     "unique key": ({"unique_key": "key-77"}, {"job_unique_key_any_idx"}),
-    # a common state: walking every state's index and skipping the others' rows is as cheap
+    # a common state: walking every job newest first and skipping the others' rows
     "a later page": (
         {"state": "succeeded", "before_at": NOW - timedelta(hours=5), "before_id": None},
-        {"job_state_created_idx", "job_created_idx"},
+        {"job_created_idx"},
     ),
 }
 
