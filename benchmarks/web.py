@@ -23,6 +23,7 @@ import psycopg
 
 from benchmarks.procs import ROOT, BenchError, child_env, wait_for
 from benchmarks.report import Json
+from pgq_supervisor import db
 
 # finished jobs, spread over 5 types and the 3 final states, one created per second back from
 # now (so a time range of an hour holds 3,600), each with a unique key
@@ -64,6 +65,7 @@ def fill(dsn: str, jobs: int) -> None:
         if row is not None and row[0] >= jobs:
             return
         conn.execute("TRUNCATE pgq.job CASCADE")
+        db.create_dashboard_indexes(conn, "pgq")  # opt-in: what a dashboard at scale needs
         conn.execute(FILL, {"n": jobs})
         conn.execute("VACUUM ANALYZE pgq.job")
 

@@ -41,7 +41,7 @@ from pgq_supervisor.settings import Settings, parse_duration
 
 COMMANDS: tuple[str, ...] = (
     "status", "depth", "jobs", "show", "retry", "cancel", "purge", "schedules", "pause",
-    "resume", "workers",
+    "resume", "workers", "dashboard-indexes",
 )  # fmt: skip
 
 Parser = TypeVar("Parser", bound=argparse.ArgumentParser)

@@ -1,7 +1,8 @@
 """`workers`: each registered supervisor (host, pid, procs, started, last seen) and each of its
 children (state, job in hand, jobs done), from the supervisor table (schema/0010). A row not
 refreshed for 3 x heartbeat_interval is marked stale: its supervisor was killed or cannot reach
-the database. Registered by admin.add_commands."""
+the database. And `dashboard-indexes`: the dashboard Jobs page's opt-in indexes (schema/0010).
+Registered by admin.add_commands."""
 
 from __future__ import annotations
 
@@ -21,6 +22,24 @@ Parser = TypeVar("Parser", bound=argparse.ArgumentParser)
 def add_command(sub: argparse._SubParsersAction[Parser], parents: list[Parser]) -> None:
     p = sub.add_parser("workers", parents=parents, help="live supervisors and their children")
     p.set_defaults(handler=cmd_workers)
+    p = sub.add_parser(
+        "dashboard-indexes",
+        parents=parents,
+        help="create the dashboard Jobs page's opt-in indexes (CONCURRENTLY; see README)",
+    )
+    p.set_defaults(handler=cmd_dashboard_indexes)
+
+
+def cmd_dashboard_indexes(args: argparse.Namespace, settings: Settings) -> int:
+    _, conn = open_db(settings)
+    with conn:
+        db.create_dashboard_indexes(conn, settings.db_schema)
+    names = ", ".join(db.DASHBOARD_INDEXES)
+    if args.json:
+        print(json.dumps({"created": list(db.DASHBOARD_INDEXES)}))
+    else:
+        print(f"dashboard indexes present: {names}")
+    return 0
 
 
 def is_stale(record: SupervisorRecord, heartbeat_interval: float) -> bool:

@@ -16,16 +16,16 @@ CREATE TABLE supervisor (
     children   jsonb NOT NULL DEFAULT '[]'
 );
 
--- The jobs page lists newest first, by keyset (created_at, id), never OFFSET. An index for each
--- filter that must stay fast over millions of finished jobs: none (or a time range), a type,
--- a rare state; state and type together use whichever the planner finds narrower. A full
--- index costs every insert and every state change an entry (a state change is never a HOT
--- update anyway: job_finished_idx and job_claim_idx cover state), so the state filter has
--- only a partial one, of the states a job rarely ends in: failed and cancelled (what an
--- on-call engineer looks for), which the hot path (pending, running, succeeded) never writes.
--- The common states are found walking job_created_idx: most rows are of one of them.
-CREATE INDEX job_created_idx ON job (created_at, id);
-CREATE INDEX job_type_created_idx ON job (type, created_at, id);
+-- The jobs page lists newest first, by keyset (created_at, id), never OFFSET. A full index
+-- costs every insert and every state change an entry (a state change is never a HOT update:
+-- job_finished_idx and job_claim_idx cover state); two of them, (created_at, id) and (type,
+-- created_at, id), cost the no-op drain a fifth of its throughput. So they are not created
+-- here: `python -m pgq_supervisor dashboard-indexes` creates them (CONCURRENTLY) where the
+-- dashboard's Jobs page must stay fast over millions of rows (queries.sql,
+-- dashboard_index_created). What costs the hot path nothing stays: the state filter's index
+-- is partial, of the states a job rarely ends in, failed and cancelled (what an on-call
+-- engineer looks for), which pending -> running -> succeeded never writes; and the search by
+-- unique_key over every state covers only jobs that have one.
 CREATE INDEX job_unusual_created_idx ON job (state, created_at, id)
     WHERE state IN ('failed', 'cancelled');
 -- search by unique_key over every state (job_unique_key_idx covers unfinished jobs only)

@@ -52,7 +52,9 @@ from pgq_supervisor.db.control import (
     type_limits,
 )
 from pgq_supervisor.db.dashboard import (
+    DASHBOARD_INDEXES,
     bundles_page,
+    create_dashboard_indexes,
     delete_job,
     job_dependencies,
     job_dependents,
@@ -101,6 +103,7 @@ from pgq_supervisor.db.watching import (
 )
 
 __all__ = [
+    "DASHBOARD_INDEXES",
     "DEFAULT_SCHEMA",
     "PREPARE_THRESHOLD",
     "AsyncConn",
@@ -116,6 +119,7 @@ __all__ = [
     "claim",
     "connect",
     "connect_at_startup",
+    "create_dashboard_indexes",
     "db_now",
     "declare_schedules",
     "default_schema",

@@ -78,3 +78,14 @@ def delete_job(conn: Conn, schema: str, job_id: JobId) -> bool:
     params: IdParams = {"id": job_id}
     with wrapped(), conn.cursor(row_factory=scalar_row) as cur:
         return cur.execute(statement("delete_job", schema), params).fetchone() is not None
+
+
+DASHBOARD_INDEXES = ("job_created_idx", "job_type_created_idx")
+
+
+def create_dashboard_indexes(conn: Conn, schema: str) -> None:
+    """The Jobs page's opt-in indexes (schema/0010), built CONCURRENTLY; kept if they exist.
+    `conn` must be in autocommit mode (CONCURRENTLY cannot run in a transaction)."""
+    with wrapped():
+        conn.execute(statement("dashboard_index_created", schema))
+        conn.execute(statement("dashboard_index_type_created", schema))

@@ -400,4 +400,6 @@ PARAMS: dict[str, type] = {
     "bundles_page": LimitParams,
     "throughput": MinutesParams,
     "delete_job": IdParams,
+    "dashboard_index_created": NoParams,
+    "dashboard_index_type_created": NoParams,
 }

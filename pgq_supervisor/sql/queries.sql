@@ -718,6 +718,15 @@ WHERE state IN ('succeeded', 'failed')
 GROUP BY 1
 ORDER BY 1
 
+-- name: dashboard_index_created
+-- Opt-in (schema/0010 says why): the Jobs page's index for its unfiltered list, time ranges
+-- and the common states. CONCURRENTLY: no lock on the queue's writes while it builds.
+CREATE INDEX CONCURRENTLY IF NOT EXISTS job_created_idx ON {schema}.job (created_at, id)
+
+-- name: dashboard_index_type_created
+-- Opt-in, with dashboard_index_created: the Jobs page's type filter.
+CREATE INDEX CONCURRENTLY IF NOT EXISTS job_type_created_idx ON {schema}.job (type, created_at, id)
+
 -- name: delete_job
 -- One finished job, by id; no row when it is unknown or not finished. The delete triggers
 -- keep its bundle's counters and its dependents true, as for a purge.

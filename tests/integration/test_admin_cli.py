@@ -502,3 +502,22 @@ def test_show_a_job_in_full_with_its_attempts_and_progress(dsn: str, conn: Conn)
 def test_show_an_unknown_job_is_one_line_exit_1(dsn: str) -> None:
     fails(cli(dsn, "show", MISSING), 1, rf"^error: no job with id {MISSING}$")
     fails(cli(dsn, "show", "nope"), 2, r"not a job id")
+
+
+def test_dashboard_indexes_are_opt_in_and_created_once(dsn: str, conn: Conn) -> None:
+    """The Jobs page's two full indexes cost the drain (schema/0010): not migrated, created
+    by `dashboard-indexes`, which may run again."""
+
+    def present() -> set[str]:
+        rows = conn.execute(
+            "SELECT indexname FROM pg_indexes WHERE schemaname = 'pgq' AND tablename = 'job'"
+        ).fetchall()
+        return {r[0] for r in rows} & set(db.DASHBOARD_INDEXES)
+
+    assert present() == set()
+    assert ok_json(cli(dsn, "dashboard-indexes", "--json")) == {
+        "created": list(db.DASHBOARD_INDEXES)
+    }
+    assert present() == set(db.DASHBOARD_INDEXES)
+    assert "present" in ok(cli(dsn, "dashboard-indexes"))
+    assert present() == set(db.DASHBOARD_INDEXES)

@@ -164,13 +164,9 @@ INDEXES = {
         " AND (start_at > created_at))"
     ),
     "supervisor_pkey": "CREATE UNIQUE INDEX supervisor_pkey ON {s}.supervisor USING btree (id)",
-    "job_created_idx": "CREATE INDEX job_created_idx ON {s}.job USING btree (created_at, id)",
     "job_unusual_created_idx": (
         "CREATE INDEX job_unusual_created_idx ON {s}.job USING btree (state, created_at, id)"
         " WHERE (state = ANY (ARRAY['failed'::{s}.job_state, 'cancelled'::{s}.job_state]))"
-    ),
-    "job_type_created_idx": (
-        "CREATE INDEX job_type_created_idx ON {s}.job USING btree (type, created_at, id)"
     ),
     "job_unique_key_any_idx": (
         "CREATE INDEX job_unique_key_any_idx ON {s}.job USING btree (unique_key)"

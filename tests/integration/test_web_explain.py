@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+from pgq_supervisor import db
 from pgq_supervisor.db import Conn
 from tests.integration.test_explain import _job_scans, _plan
 
@@ -45,6 +46,8 @@ CASES: dict[str, tuple[dict[str, object], set[str]]] = {
 
 
 def test_the_jobs_page_walks_an_index_and_never_sorts(conn: Conn) -> None:
+    """With the opt-in indexes (`dashboard-indexes`) in place."""
+    db.create_dashboard_indexes(conn, "pgq")
     conn.execute(FILL)
     conn.execute("ANALYZE pgq.job")
     for case in CASES:
