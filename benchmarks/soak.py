@@ -246,9 +246,23 @@ def probe_wake(
             pending.remove((job_id, committed))
 
 
+def require_autovacuum(dsn: str) -> None:
+    """A soak measures decay, and what holds it back in production is autovacuum: a server
+    running without it (some test machines do) would only measure its absence."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SHOW autovacuum").fetchone()
+    if row is None or row[0] != "on":
+        raise BenchError(
+            "soak: autovacuum is off on this server, so dead tuples are never reclaimed and the"
+            " figures would measure that; turn it on (ALTER SYSTEM SET autovacuum = on;"
+            " SELECT pg_reload_conf()) or point --dsn at a server where it is"
+        )
+
+
 def run_soak(
     dsn: str, minutes: float, capacity_jobs: int, supervisor_args: tuple[str, ...] = ()
 ) -> Soak:
+    require_autovacuum(dsn)
     capacity = run_drain(dsn, PROCS, capacity_jobs, supervisor_args=supervisor_args).rate
     rate = LOAD * capacity
     reset(dsn)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import uuid
 from collections.abc import Sequence
 from datetime import datetime, timedelta
@@ -20,10 +21,22 @@ from pgq_supervisor.jobs import BundleId, JobId, LeaseToken
 _JSON_NUL_RE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 
+_RANDOM_BITS = (1 << 76) - 1  # a version-4 UUID below its version: 74 random bits, the variant
+
+
+def time_ordered(random: int, at_ns: int) -> int:
+    """A version-7 UUID (RFC 9562) as an int: the Unix time in milliseconds in the first 48
+    bits, then version 7, then the random bits and variant of `random` (a version-4 UUID's int).
+    Ids made later sort later, so a job's index entries land beside its neighbours' instead of
+    at a random leaf of every id index (each claim and completion writes new ones: a state
+    change is never a HOT update), which kept the drain from slowing behind millions of rows."""
+    return ((at_ns // 1_000_000) << 80) | (7 << 76) | (random & _RANDOM_BITS)
+
+
 def new_id() -> uuid.UUID:
-    """A fresh random id (job, bundle, lease). The one place that makes them: a test replaces
-    `uuid` here to make them sequential."""
-    return uuid.uuid4()
+    """A fresh id (job, bundle, lease), time-ordered (version 7). The one place that makes
+    them: a test replaces `uuid` here to make them sequential."""
+    return uuid.UUID(int=time_ordered(uuid.uuid4().int, time.time_ns()))
 
 
 # one encoder: json.dumps with arguments builds a new one per call

@@ -212,3 +212,23 @@ def test_a_bad_job_late_in_a_bulk_batch_writes_nothing(conn: Conn) -> None:
         assert count_rows(conn) == 0
         pgq.enqueue_many(conn, [pgq.NewJob("t")])  # the transaction is still usable
     assert count_rows(conn) == 1
+
+
+def test_ids_are_time_ordered_wherever_they_are_made(conn: Conn) -> None:
+    """Version-7 ids (schema/0012, db.params.time_ordered): made by enqueue, by both
+    enqueue_many paths and by the database's default, each later one sorts later."""
+    made = [pgq.enqueue(conn, "t", {})]
+    made += pgq.enqueue_many(conn, [pgq.NewJob("t", {})] * 3)  # COPY
+    made += pgq.enqueue_many(conn, [pgq.NewJob("t", {}, unique_key=f"k{i}") for i in range(3)])
+    row = conn.execute("INSERT INTO pgq.job (type, payload) VALUES ('t', '{}') RETURNING id")
+    made.append(row.fetchone()[0])  # type: ignore[index]
+    made.append(pgq.enqueue(conn, "t", {}))
+    assert [u.version for u in made] == [7] * len(made)
+    # later ones sort later: by their millisecond (within one, the random tail decides), and
+    # within one batch by the whole id (FIFO by id where created_at ties)
+    assert [u.int >> 80 for u in made] == sorted(u.int >> 80 for u in made)
+    assert made[1:4] == sorted(made[1:4]) and made[4:7] == sorted(made[4:7])
+    # the first 48 bits are the time in milliseconds: within the test's run
+    now_ms = conn.execute("SELECT extract(epoch FROM clock_timestamp()) * 1000").fetchone()
+    assert now_ms is not None
+    assert all(abs((u.int >> 80) - float(now_ms[0])) < 60_000 for u in made)

@@ -316,6 +316,7 @@ FUNCTIONS = {
     "limit_lock_all",
     "limit_take_stripe",
     "type_limit_restripe",
+    "new_id",
 }
 
 
