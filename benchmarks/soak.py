@@ -1,6 +1,10 @@
 """Soak (issue 15): a steady load for many minutes, with retention on, and what decays.
 
-1. Capacity: a timed drain (drain.py) of `--drain-jobs` no-op jobs with `--procs 2`.
+1. Capacity: a timed drain (drain.py) of `--drain-jobs` no-op jobs with `--procs 2` alone;
+   then one minute of the load below offered that rate: what the workers finish in that minute,
+   with the producer, the probe and retention on the same cores, is the capacity (on a 2-core
+   machine that hosts PostgreSQL too, 70% of a drain measured alone was more than the workers
+   could do beside the producer, and the backlog grew from the first minute).
 2. Load: a supervisor with `--procs 2 --retain-succeeded 60` (the one non-default flag:
    retention prunes succeeded jobs older than a minute, as a long-running queue would) while a
    producer process enqueues no-op jobs at 70% of that capacity, in `enqueue_many` calls every
@@ -91,7 +95,7 @@ def _round(x: float | None) -> float | None:
 
 @dataclass(frozen=True, slots=True)
 class Soak:
-    capacity: float  # jobs/s of the drain
+    capacity: float  # jobs/s the workers finished in a minute offered a lone drain's rate
     target_rate: float  # jobs/s the producer aimed at
     minutes: list[Minute]
 
@@ -263,8 +267,14 @@ def run_soak(
     dsn: str, minutes: float, capacity_jobs: int, supervisor_args: tuple[str, ...] = ()
 ) -> Soak:
     require_autovacuum(dsn)
-    capacity = run_drain(dsn, PROCS, capacity_jobs, supervisor_args=supervisor_args).rate
-    rate = LOAD * capacity
+    alone = run_drain(dsn, PROCS, capacity_jobs, supervisor_args=supervisor_args).rate
+    (loaded,) = _load(dsn, alone, 1, supervisor_args)
+    capacity = loaded.rate
+    return Soak(capacity, LOAD * capacity, _load(dsn, LOAD * capacity, minutes, supervisor_args))
+
+
+def _load(dsn: str, rate: float, minutes: float, supervisor_args: tuple[str, ...]) -> list[Minute]:
+    """`minutes` of `rate` jobs/s offered to a fresh table, a row per minute."""
     reset(dsn)
     settle(dsn, ["pgq.job"])
     ctx = multiprocessing.get_context("spawn")
@@ -299,7 +309,7 @@ def run_soak(
         code = sup.stop()
         if code != 0:
             raise BenchError(f"supervisor exited {code} on SIGTERM: {sup.log_tail(3)}")
-    return Soak(capacity, rate, rows)
+    return rows
 
 
 def plot(soak: Soak, path: Path) -> Path:

@@ -25,7 +25,10 @@ import psycopg  # noqa: F401  (imported for its pages)
 import pydantic  # noqa: F401
 from setproctitle import setproctitle
 
-import pgq_supervisor.worker  # noqa: F401  (the child's code, and what it imports)
+# the child's code and what it imports; inflight too: every child_main imports it (the
+# many-in-flight loop, with psycopg_pool), whichever worker it then runs
+import pgq_supervisor.inflight
+import pgq_supervisor.worker  # noqa: F401
 from pgq_supervisor.child import PRELOAD_APP_ENV
 
 TITLE = "pgq-forkserver"
