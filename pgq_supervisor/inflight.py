@@ -50,10 +50,8 @@ from setproctitle import setproctitle
 
 from pgq_supervisor import db, runs
 from pgq_supervisor.backoff import Backoff
-from pgq_supervisor.completion import Completer
 from pgq_supervisor.errors import DatabaseError
-from pgq_supervisor.executor import Executor, Ran
-from pgq_supervisor.heartbeat import Heartbeat
+from pgq_supervisor.executor import Ran
 from pgq_supervisor.ipc import (
     CancelJob,
     Idle,
@@ -68,7 +66,7 @@ from pgq_supervisor.ipc import (
 from pgq_supervisor.jobs import Job, JobId
 from pgq_supervisor.registry import ClaimPolicy, Registry
 from pgq_supervisor.runs import Committed, Lost, Settlement, TimedOut
-from pgq_supervisor.worker import REPORT_EVERY, ChildSpec, rss_mb
+from pgq_supervisor.worker import REPORT_EVERY, ChildSpec, child_parts, connect_child, rss_mb
 
 log = logging.getLogger(__name__)
 
@@ -112,16 +110,7 @@ class InFlightWorker:
         self.conn = conn
         self.clock = clock
         self.capacity = max(1, min(spec.concurrency, slot.capacity))
-        self.heartbeat = Heartbeat(
-            lambda: self._connect("pgq-heartbeat"),
-            spec.schema,
-            spec.heartbeat_interval,
-            spec.worker_id,
-        )
-        self.executor = Executor(registry, spec.worker_id, progress=self.heartbeat.progress)
-        self.completer = Completer(
-            spec.schema, spec.worker_id, heartbeat=self.heartbeat, flush_every=REPORT_EVERY
-        )
+        self.heartbeat, self.executor, self.completer = child_parts(spec, registry)
         # errors that repeat (the database away) must not spin; reset by a claim
         self.error_backoff = error_backoff or Backoff(initial=0.1, maximum=5.0)
         # a type's own cap, where lower than the child's
@@ -539,12 +528,7 @@ class InFlightWorker:
     # ---- the database ----
 
     def _connect(self, application_name: str) -> db.Conn:
-        return db.connect(
-            self.spec.dsn,
-            application_name=application_name,
-            synchronous_commit=self.spec.synchronous_commit,
-            prepare_threshold=self.spec.prepare_threshold,
-        )
+        return connect_child(self.spec, application_name)
 
     async def _sleep_unless_stopped(self, seconds: float) -> None:
         """Sleep, jobs running on, but wake for a Stop from the supervisor."""

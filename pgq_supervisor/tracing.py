@@ -26,9 +26,10 @@ try:
     from opentelemetry import trace
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 except ImportError:  # the `otel` extra is not installed: every function here does nothing
-    trace = None  # type: ignore[assignment]
-
-_PROPAGATOR = None if trace is None else TraceContextTextMapPropagator()
+    HAVE_OTEL = False
+else:
+    HAVE_OTEL = True
+    _PROPAGATOR = TraceContextTextMapPropagator()
 
 # records an attempt's outcome as the handler's run ended ("succeeded", "error", "permanent")
 # and the error's message, if any
@@ -38,7 +39,7 @@ Outcome = Callable[[str, str | None], None]
 def current_traceparent() -> str | None:
     """The W3C traceparent of the current span, or None (no OpenTelemetry, no span, or a span
     that is not sampled: an unsampled one would only link attempts to nothing)."""
-    if trace is None:
+    if not HAVE_OTEL:
         return None
     context = trace.get_current_span().get_span_context()
     if not context.is_valid or not context.trace_flags.sampled:
@@ -51,7 +52,7 @@ def current_traceparent() -> str | None:
 def attempt_tracer() -> Tracer | None:
     """The tracer for attempt spans, or None when OpenTelemetry is not installed or no tracer
     provider is configured (the API's default proxy records nothing)."""
-    if trace is None:
+    if not HAVE_OTEL:
         return None
     provider = trace.get_tracer_provider()
     if isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider):

@@ -139,6 +139,34 @@ def rss_mb() -> float:
     return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
+def connect_child(spec: ChildSpec, application_name: str) -> db.Conn:
+    """A connection of the child (its job connection, its heartbeat's) as the spec says."""
+    return db.connect(
+        spec.dsn,
+        application_name=application_name,
+        synchronous_commit=spec.synchronous_commit,
+        prepare_threshold=spec.prepare_threshold,
+    )
+
+
+def child_parts(spec: ChildSpec, registry: Registry) -> tuple[Heartbeat, Executor, Completer]:
+    """What every child runs jobs with, whichever worker it is: the heartbeat (on its own
+    connection), the executor and the completer."""
+    heartbeat = Heartbeat(
+        lambda: connect_child(spec, "pgq-heartbeat"),
+        spec.schema,
+        spec.heartbeat_interval,
+        spec.worker_id,
+    )
+    # the heartbeat thread writes progress too: on its own connection, never inside a
+    # `conn` handler's transaction
+    executor = Executor(registry, spec.worker_id, progress=heartbeat.progress)
+    completer = Completer(
+        spec.schema, spec.worker_id, heartbeat=heartbeat, flush_every=REPORT_EVERY
+    )
+    return heartbeat, executor, completer
+
+
 class Worker:
     def __init__(
         self,
@@ -157,18 +185,7 @@ class Worker:
         self.slot = slot
         self.conn = conn
         self.claim_policy = registry.claim_policy(spec.types)
-        self.heartbeat = Heartbeat(
-            lambda: self._connect("pgq-heartbeat"),
-            spec.schema,
-            spec.heartbeat_interval,
-            spec.worker_id,
-        )
-        # the heartbeat thread writes progress too: on its own connection, never inside a
-        # `conn` handler's transaction
-        self.executor = Executor(registry, spec.worker_id, progress=self.heartbeat.progress)
-        self.completer = Completer(
-            spec.schema, spec.worker_id, heartbeat=self.heartbeat, flush_every=REPORT_EVERY
-        )
+        self.heartbeat, self.executor, self.completer = child_parts(spec, registry)
         # Errors that repeat (a schema not migrated, say) must not spin; reset by a claim.
         self.error_backoff = error_backoff or Backoff(initial=0.1, maximum=5.0)
         self.connect_backoff = connect_backoff or Backoff(initial=0.2, maximum=5.0)
@@ -302,12 +319,7 @@ class Worker:
     # ---- the database ----
 
     def _connect(self, application_name: str) -> db.Conn:
-        return db.connect(
-            self.spec.dsn,
-            application_name=application_name,
-            synchronous_commit=self.spec.synchronous_commit,
-            prepare_threshold=self.spec.prepare_threshold,
-        )
+        return connect_child(self.spec, application_name)
 
     def _database_error(self, exc: DatabaseError) -> None:
         """Back off, reconnect if the connection is gone, then let the completer write its

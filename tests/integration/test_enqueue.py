@@ -220,8 +220,11 @@ def test_ids_are_time_ordered_wherever_they_are_made(conn: Conn) -> None:
     made = [pgq.enqueue(conn, "t", {})]
     made += pgq.enqueue_many(conn, [pgq.NewJob("t", {})] * 3)  # COPY
     made += pgq.enqueue_many(conn, [pgq.NewJob("t", {}, unique_key=f"k{i}") for i in range(3)])
-    row = conn.execute("INSERT INTO pgq.job (type, payload) VALUES ('t', '{}') RETURNING id")
-    made.append(row.fetchone()[0])  # type: ignore[index]
+    row = conn.execute(
+        "INSERT INTO pgq.job (type, payload) VALUES ('t', '{}') RETURNING id"
+    ).fetchone()
+    assert row is not None
+    made.append(row[0])
     made.append(pgq.enqueue(conn, "t", {}))
     assert [u.version for u in made] == [7] * len(made)
     # later ones sort later: by their millisecond (within one, the random tail decides), and

@@ -38,7 +38,7 @@ async def asleep(payload: dict[str, float]) -> dict[str, float | int]:
 def tsleep(payload: dict[str, float]) -> dict[str, float | int]:
     """Blocking I/O, as a sync library does it: runs in the child's thread pool."""
     started = time.time()
-    time.sleep(payload.get("seconds", 0.1))
+    time.sleep(payload.get("seconds", 0.1))  # the job's simulated blocking I/O
     return _span(started)
 
 
@@ -49,7 +49,7 @@ async def ahang(payload: dict[str, int]) -> None:
 
 @registry.handler("thang", timeout=1.0, max_retry_count=1, retry=NO_BACKOFF)
 def thang(payload: dict[str, int]) -> None:
-    time.sleep(3600)
+    time.sleep(3600)  # a thread that never ends by itself: its timeout must kill the child
 
 
 @registry.handler("apoison", max_retry_count=2, retry=NO_BACKOFF)
