@@ -143,7 +143,7 @@ def _limit(text: str) -> int:
 
 def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     _, conn = open_db(settings)
-    with conn:
+    with conn, db.counting_reads(conn):
         stats = db.queue_stats(conn, settings.db_schema)
         controls = db.type_controls(conn, settings.db_schema)
         limits = db.type_limits(conn, settings.db_schema)

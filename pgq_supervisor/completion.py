@@ -109,8 +109,10 @@ class Completer:
         statement (one commit for both); any others are flushed first.
         """
 
-        def claim_alone() -> list[Job]:
-            return db.claim(
+        lease = self._rider()
+        if lease is None:
+            self.flush(conn)
+            jobs = db.claim(
                 conn,
                 self.schema,
                 worker_id=self.worker_id,
@@ -118,13 +120,7 @@ class Completer:
                 max_retry_counts=policy.max_retry_counts,
                 limit=limit,
             )
-
-        lease = self._rider()
-        if lease is None:
-            self.flush(conn)
-            jobs = claim_alone()
         else:
-            limited = policy.limited and any(r.job.type in policy.limited for r in self._successes)
             held, jobs = db.succeed_and_claim(
                 conn,
                 self.schema,
@@ -136,11 +132,6 @@ class Completer:
                 limit=limit,
             )
             self._settle_buffered(lease, held)
-            if not jobs and limited:
-                # The claim counted the jobs it completed as running (a concurrency limit
-                # counts under its own snapshot, before the completion's update): the slots
-                # they free are seen now, and would otherwise wait for a wake-up or the poll.
-                jobs = claim_alone()
         self._written_at = self.clock()
         if jobs and self.heartbeat is not None:
             self.heartbeat.hold(jobs[0].lease, [j.id for j in jobs])  # one claim, one lease

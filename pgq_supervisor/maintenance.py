@@ -9,7 +9,8 @@ they share.
                    after a child finds nothing       type frees a start (only with rates)      │
     rate-wake      once, when that start frees       wake one child (nothing notifies it) ◀───┘
     rescue         rescue_interval ± 20 %            Rescuer: reclaim jobs with stale heartbeats
-    queue-metrics  poll_interval ± 20 %              QueueMetrics: the pgq_jobs_* gauges
+    queue-metrics  poll_interval ± 20 %              QueueMetrics: the pgq_jobs_* gauges (only
+                                                     when metrics are served: metrics_port)
     prune          60 s; poll_interval while behind  Pruner: finished jobs past retention
     activity       summary_interval                  ActivitySummary: the INFO line of ended jobs
     periodic       at the next tick; poll_interval   Scheduler: enqueue the due ticks of the
@@ -178,11 +179,12 @@ class Timers:
 @dataclass
 class Services:
     """What the timers run, apart from their timers; built from the settings or given by a
-    test. `pruner` is None when nothing is to be pruned, `scheduler` when there are no
-    schedules to run."""
+    test. `queue_metrics` is None when no metrics are served (the gauges are read only by a
+    scrape, and their queries read every pending and running row), `pruner` when nothing is
+    to be pruned, `scheduler` when there are no schedules to run."""
 
     rescuer: Rescuer
-    queue_metrics: QueueMetrics
+    queue_metrics: QueueMetrics | None
     pruner: Pruner | None
     activity: ActivitySummary
     scheduler: Scheduler | None = None
@@ -193,7 +195,11 @@ class Services:
     ) -> Services:
         return cls(
             rescuer=Rescuer(settings.db_schema, settings.dead_after),
-            queue_metrics=QueueMetrics(settings.db_schema, metrics),
+            queue_metrics=(
+                QueueMetrics(settings.db_schema, metrics)
+                if settings.metrics_port is not None
+                else None
+            ),
             pruner=Pruner.from_settings(settings),
             activity=ActivitySummary(settings.summary_interval, now),
             scheduler=Scheduler(settings.db_schema, schedules) if schedules else None,
@@ -235,8 +241,11 @@ def maintenance_timers(
         rescued = control.run(services.rescuer.run_once)
         metrics.rescued.inc(len(rescued.ended))
 
-    def queue_metrics(now: float) -> None:
-        control.run(services.queue_metrics.run_once)
+    def refresh(queue_metrics: QueueMetrics) -> Callable[[float], None]:
+        def run(now: float) -> None:
+            control.run(queue_metrics.run_once)
+
+        return run
 
     def prune(pruner: Pruner) -> Callable[[float], float | None]:
         def run(now: float) -> float | None:
@@ -264,8 +273,9 @@ def maintenance_timers(
         due_wake,
         *([Timer(RATE_DUE, rate_due, poll), rate_wake] if rated else []),
         Timer("rescue", rescue, settings.rescue_every),
-        Timer("queue-metrics", queue_metrics, poll),
     ]
+    if services.queue_metrics is not None:
+        timers.append(Timer("queue-metrics", refresh(services.queue_metrics), poll))
     if services.pruner is not None:
         timers.append(Timer("prune", prune(services.pruner), PRUNE_EVERY, jitter=0.0))
     if services.scheduler is not None:

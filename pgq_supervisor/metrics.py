@@ -173,10 +173,13 @@ class QueueMetrics:
     def run_once(self, conn: db.Conn) -> QueueMetricsResult:
         """One refresh on an autocommit connection. Raises DatabaseError; the gauges keep
         their last values then."""
-        stats = db.queue_stats(conn, self.schema, active_only=True)
+        with db.counting_reads(conn):
+            stats = db.queue_stats(conn, self.schema, active_only=True)
+            controls = db.type_controls(conn, self.schema)
+            limits = db.type_limits(conn, self.schema)
         self.metrics.update_queue(stats)
-        self.metrics.update_controls(db.type_controls(conn, self.schema), stats)
-        self.metrics.update_limits(db.type_limits(conn, self.schema))
+        self.metrics.update_controls(controls, stats)
+        self.metrics.update_limits(limits)
         return QueueMetricsResult(len(stats))
 
 

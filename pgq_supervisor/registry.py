@@ -138,12 +138,10 @@ class Limits:
 @dataclass(frozen=True, slots=True)
 class ClaimPolicy:
     """The arrays a claim passes: the types a worker takes and each one's retry budget (the
-    claim stores it on jobs enqueued without their own). `limited`: those of the types with a
-    concurrency limit (a claim riding on their successes may find them still running)."""
+    claim stores it on jobs enqueued without their own)."""
 
     types: tuple[str, ...]
     max_retry_counts: tuple[int, ...]
-    limited: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -332,7 +330,6 @@ class Registry:
         return ClaimPolicy(
             types=tuple(types),
             max_retry_counts=tuple(self.get(t).max_retry_count for t in types),
-            limited=frozenset(self.limits(types)),
         )
 
 

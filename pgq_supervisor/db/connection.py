@@ -150,6 +150,16 @@ async def durable_commit_async(conn: AsyncConn) -> None:
         await conn.execute(statement("durable_commit", DEFAULT_SCHEMA))
 
 
+@contextlib.contextmanager
+def counting_reads(conn: Conn) -> Iterator[None]:
+    """A transaction for the statements that count the queue (metrics, `status`):
+    one snapshot for all of them, and no JIT compilation, which costs more than it saves
+    there. A SET LOCAL, so it is safe behind a pooler in transaction mode."""
+    with wrapped(), conn.transaction():
+        conn.execute(statement("no_jit", DEFAULT_SCHEMA))
+        yield
+
+
 def asynchronous_commit_sql() -> bytes:
     """The statement that turns synchronous_commit off for a session (pooled connections)."""
     return statement("asynchronous_commit", DEFAULT_SCHEMA)

@@ -390,6 +390,7 @@ PARAMS: dict[str, type] = {
     "summary_by_origin": OriginParams,
     "durable_commit": NoParams,
     "asynchronous_commit": NoParams,
+    "no_jit": NoParams,
     "job_states": IdsParams,
     "get_jobs": IdsParams,
     "set_progress": SetProgressParams,

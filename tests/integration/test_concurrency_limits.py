@@ -174,18 +174,31 @@ def test_waiting_jobs_are_never_picked_by_a_limited_claim(conn: Conn) -> None:
     assert [j.id for j in claim(conn, ["k"], limit=10)] == [waiting]
 
 
-def test_a_completion_that_rides_on_a_claim_does_not_strand_the_freed_slot(conn: Conn) -> None:
-    """succeed_and_claim counts the jobs it completes as running (the limit is counted
-    before the completion's update lands): the Completer claims again at once."""
-    _enqueue(conn, "g", 3)
-    db.sync_limits(conn, SCHEMA, ["g"], {"g": (1, None)})
-    (job,) = claim(conn, ["g"], limit=5)
+@pytest.mark.parametrize(
+    ("limits", "key"),
+    [((1, None), None), ((None, 1), "a"), ((200, None), None)],
+    ids=["global", "key", "striped"],
+)
+def test_a_completion_that_rides_on_a_claim_frees_its_slots_for_that_claim(
+    conn: Conn, limits: tuple[int | None, int | None], key: str | None
+) -> None:
+    """succeed_and_claim completes its batch before it counts: the slots it frees (of the
+    type, of the key, of the stripe) go to its own claim, and the limit still holds."""
+    cap = limits[0] or limits[1] or 0
+    _enqueue(conn, "g", 3 * cap, key=key)
+    db.sync_limits(conn, SCHEMA, ["g"], {"g": limits})
+    batches = []  # until every slot is taken (200 is striped: two stripes of 100)
+    while batch := claim(conn, ["g"], limit=cap):
+        batches.append(batch)
+    assert _running(conn, "g") == cap
+    first = batches[0]
     done, jobs = db.succeed_and_claim(
-        conn, SCHEMA, job.lease, [(job.id, None)],
-        worker_id="w", types=["g"], max_retry_counts=[3], limit=5,
+        conn, SCHEMA, first[0].lease, [(j.id, None) for j in first],
+        worker_id="w", types=["g"], max_retry_counts=[3], limit=cap,
     )  # fmt: skip
-    assert done == {job.id} and jobs == []  # held back by its own finishing job
-    assert len(claim(conn, ["g"], limit=5)) == 1  # a fresh claim sees the slot
+    assert done == {j.id for j in first}
+    assert len(jobs) == len(first)  # counted as running, they would have left it nothing
+    assert _running(conn, "g") == cap
 
 
 def _limits(conn: Conn) -> list[tuple[str, int | None, int | None]]:

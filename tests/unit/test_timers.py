@@ -9,7 +9,15 @@ import pytest
 
 from pgq_supervisor.errors import DatabaseError
 from pgq_supervisor.listener import Listener
-from pgq_supervisor.maintenance import ControlConnection, ControlDown, Timer, Timers
+from pgq_supervisor.maintenance import (
+    ControlConnection,
+    ControlDown,
+    Services,
+    Timer,
+    Timers,
+    maintenance_timers,
+)
+from pgq_supervisor.metrics import Metrics
 from pgq_supervisor.settings import load_settings
 from tests.fake_children import NO_DATABASE, FakeClock
 
@@ -140,3 +148,20 @@ def test_run_soon_brings_a_timer_forward_never_back() -> None:
     timers.run_soon("missing", 0.0)  # a timer this supervisor does not have: nothing
     assert timers.run_due(19.0) == []
     assert timers.run_due(20.0) == ["a"]
+
+
+@pytest.mark.parametrize(("port", "expected"), [(None, False), (9100, True)])
+def test_queue_metrics_run_only_when_metrics_are_served(port: int | None, expected: bool) -> None:
+    """The queue gauges count every pending and running job; nothing reads them without a
+    metrics server, so without metrics_port the supervisor does not run their queries."""
+    settings = load_settings(metrics_port=port)
+    clock = FakeClock()
+    metrics = Metrics()
+    services = Services.from_settings(settings, metrics, clock.now)
+    control = ControlConnection(NO_DATABASE, clock=clock, rng=random.Random(1))
+    timers = maintenance_timers(
+        settings, ["t"], services, control, metrics, lambda n: None,
+        now=clock.now, rng=random.Random(1), clock=clock,
+    )  # fmt: skip
+    assert ("queue-metrics" in timers.by_name) is expected
+    assert {"poll", "due-jobs", "rescue"} <= set(timers.by_name)
