@@ -328,6 +328,20 @@ def test_striped_claims_from_many_connections_never_exceed_the_limit(dsn: str, c
     assert count_rows(conn, where="type = 's' AND state = 'pending' AND attempts = '[]'") == 400
 
 
+def test_a_striped_claim_takes_a_stripe_with_room_for_its_batch(conn: Conn) -> None:
+    """A claim starts at its connection's stripe and passes over one with too few free slots
+    for the batch it wants; when no stripe has enough, it takes the one with the most."""
+    _enqueue(conn, "s", 400)
+    db.sync_limits(conn, SCHEMA, ["s"], {"s": (200, None)})  # two stripes of 100
+    assert [len(claim(conn, ["s"], limit=n)) for n in (90, 50)] == [90, 50]
+    # its own stripe has 10 left, the other 50: the batch comes from the other, whole
+    assert len(claim(conn, ["s"], limit=30)) == 30
+    assert len(claim(conn, ["s"], limit=30)) == 20  # 10 and 20 left: the larger
+    assert len(claim(conn, ["s"], limit=30)) == 10
+    assert claim(conn, ["s"], limit=30) == []
+    assert _running(conn, "s") == 200
+
+
 def test_a_striped_claim_without_a_lease_counts_every_running_job(conn: Conn) -> None:
     _enqueue(conn, "s", 300)
     db.sync_limits(conn, SCHEMA, ["s"], {"s": (200, None)})
