@@ -14,10 +14,10 @@ from tests.acceptance.conftest import Conn
 from tests.acceptance.helpers import Supervisor, count, run_cli, wait_for
 
 APP = "pgq_limits_app:registry"
-# Fewer than the 300 jobs and 10 x 20, with short jobs, to keep the suite fast; the
-# limit is reached all the same (3 slots for 12 children; 10 keys for 8 children).
-LIMITED_JOBS = 120
-KEYS, PER_KEY = 10, 8
+# The 300 jobs and 10 keys x 20, with short jobs to keep the suite fast: the limit is
+# reached all the same (3 slots for 12 children; 10 keys for 8 children).
+LIMITED_JOBS = 300
+KEYS, PER_KEY = 10, 20
 # The poll would wake a child every 5 s: a run this short must start held-back jobs without it.
 SLOW_POLL = ("--poll-interval", "5")
 
@@ -45,7 +45,7 @@ def test_global_concurrency_3_on_three_supervisors_with_4_procs_each(
     for sup in sups:
         sup.wait_ready(4)
     started = time.monotonic()
-    pgq.enqueue_many(db, [pgq.NewJob("limited", {"seconds": 0.02}) for _ in range(LIMITED_JOBS)])
+    pgq.enqueue_many(db, [pgq.NewJob("limited", {"seconds": 0.01}) for _ in range(LIMITED_JOBS)])
     seen = _sample(
         dsn,
         "SELECT count(*) FROM pgq.job WHERE type = 'limited' AND state = 'running'",
@@ -59,8 +59,8 @@ def test_global_concurrency_3_on_three_supervisors_with_4_procs_each(
     assert count(dsn, "type = 'limited' AND state = 'succeeded' AND attempts = '[]'") == (
         LIMITED_JOBS
     )
-    # 120 x 20 ms over 3 slots is under a second of work; waiting for the 5 s poll would
-    # take far longer
+    # 300 x 10 ms over 3 slots is a second of work; waiting for the 5 s poll would take far
+    # longer
     assert took < 15, f"{LIMITED_JOBS} jobs took {took:.1f} s"
     workers = db.execute(
         "SELECT count(DISTINCT split_part(worker_id, ':', 2)) FROM pgq.job WHERE type = 'limited'"
