@@ -8,9 +8,9 @@
 -- Now a claim starts at the stripe of its connection (backend pid modulo the stripes), where
 -- its previous batch ran and whose slots the completion riding on this claim has just freed
 -- (succeed_and_claim), so a steady worker keeps to one stripe and the workers of a pod spread
--- over them. It takes the first stripe with at least p_want free slots; if none has, the one
--- with the most it saw. Every stripe it looked at stays locked until its claim commits, as
--- before.
+-- over them. It takes the first stripe with at least p_want free slots; near the limit, when
+-- none has that many, the better of the first two that have some. Every stripe it looked at
+-- stays locked until its claim commits, as before.
 --
 -- claim_pick_limited is redefined only to pass the batch it wants, and with jit = off: with
 -- seqscan and bitmapscan off, a plan that found no index would be priced past
@@ -29,6 +29,7 @@ DECLARE
     v_home      integer;
     v_s         integer;
     v_held      boolean := false;
+    v_roomy     integer := 0;  -- stripes seen with a free slot
     v_free      integer;
     v_live      uuid[];
     v_best      integer;
@@ -66,12 +67,17 @@ BEGIN
         IF NOT FOUND THEN
             RETURN 0;  -- restriped meanwhile: take nothing this time
         END IF;
+        IF v_free > 0 THEN
+            v_roomy := v_roomy + 1;
+        END IF;
         IF v_free > v_best_free THEN
             v_best := v_s;
             v_best_free := v_free;
             v_best_live := v_live;
         END IF;
-        EXIT WHEN v_free >= p_want;
+        -- near the limit no stripe has room for a whole batch: the better of two with some
+        -- room, rather than every stripe locked by one claim while it looks
+        EXIT WHEN v_free >= p_want OR v_roomy >= 2;
     END LOOP;
     IF v_best IS NULL THEN
         RETURN 0;  -- no free slot in the stripes it could look at

@@ -330,7 +330,7 @@ def test_striped_claims_from_many_connections_never_exceed_the_limit(dsn: str, c
 
 def test_a_striped_claim_takes_a_stripe_with_room_for_its_batch(conn: Conn) -> None:
     """A claim starts at its connection's stripe and passes over one with too few free slots
-    for the batch it wants; when no stripe has enough, it takes the one with the most."""
+    for the batch it wants; when no stripe has enough, it takes the better of two."""
     _enqueue(conn, "s", 400)
     db.sync_limits(conn, SCHEMA, ["s"], {"s": (200, None)})  # two stripes of 100
     assert [len(claim(conn, ["s"], limit=n)) for n in (90, 50)] == [90, 50]
@@ -340,6 +340,22 @@ def test_a_striped_claim_takes_a_stripe_with_room_for_its_batch(conn: Conn) -> N
     assert len(claim(conn, ["s"], limit=30)) == 10
     assert claim(conn, ["s"], limit=30) == []
     assert _running(conn, "s") == 200
+
+
+def test_near_a_striped_limit_a_claim_looks_at_two_stripes_not_all(conn: Conn) -> None:
+    """Every stripe has room for 10 jobs: a claim of 50 takes 10 from the better of the first
+    two stripes it can lock, and holds only those two stripes' locks meanwhile."""
+    _enqueue(conn, "s", 100)
+    db.sync_limits(conn, SCHEMA, ["s"], {"s": (400, None)})  # four stripes of 100
+    conn.execute("UPDATE pgq.type_limit_stripe SET slots = 10 WHERE type = 's'")  # as if full
+    with conn.transaction():
+        row = conn.execute(
+            "SELECT cardinality(pgq.claim_pick(ARRAY['s'], 50, gen_random_uuid()))"
+        ).fetchone()
+        locks = conn.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
+        ).fetchone()
+        assert (row, locks) == ((10,), (2,))
 
 
 def test_a_striped_claim_without_a_lease_counts_every_running_job(conn: Conn) -> None:
