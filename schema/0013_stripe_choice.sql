@@ -1,5 +1,6 @@
 -- pgq_supervisor schema, version 13: a claim of a striped limit (0008) takes a stripe that
--- has room for the batch it wants, starting from its connection's own stripe.
+-- has room for the batch it wants, starting from its connection's own stripe; the running
+-- jobs are indexed by lease (the end of this file).
 --
 -- 0008 took the first stripe it could lock that had any free slot, starting from a random
 -- one. A worker whose batch of 100 ran in one stripe of 125 slots then often landed in
@@ -198,3 +199,11 @@ BEGIN
 END $$;
 
 DROP FUNCTION limit_take_stripe(text, uuid);
+
+-- job_running_idx by lease rather than by worker: the running jobs of a lease are what a
+-- fenced completion updates and what a stripe counts (it read every running job of every type
+-- to count its own: 194 microseconds per claim in a worker's loop, 35 by lease). The
+-- running jobs of a worker are looked for only when it died, through all running jobs, as the
+-- rescue always reads them. Same entries, as many writes: a claim adds one per job either way.
+DROP INDEX job_running_idx;
+CREATE INDEX job_running_idx ON job (lease) WHERE state = 'running';

@@ -141,7 +141,9 @@ def test_rescue_reads_running_jobs_through_job_running_idx(conn: Conn) -> None:
     nodes = _plan(conn, "rescue", {"dead_after": 30.0, "limit": 1000, "error": "x"})
     scans = _job_scans(nodes)
     assert scans, nodes
-    assert [s.get("Index Name") for s in scans] == ["job_running_idx"], scans
+    assert not [s for s in scans if s["Node Type"] == "Seq Scan"], scans
+    # an index scan of it, or a bitmap of it (the planner's pick since it is keyed on lease)
+    assert {n["Index Name"] for n in nodes if "Index Name" in n} == {"job_running_idx"}, nodes
 
 
 def test_succeed_and_claim_reads_jobs_by_index_only(conn: Conn) -> None:
@@ -305,3 +307,27 @@ def test_a_limited_claim_counts_running_jobs_on_the_running_index(conn: Conn) ->
     )
     nodes = _explain(conn, text, config, {"type": "a"})
     assert [s.get("Index Name") for s in _job_scans(nodes)] == ["job_running_idx"], nodes
+
+
+def test_a_striped_claim_counts_its_stripe_by_lease_on_the_running_index(conn: Conn) -> None:
+    """limit_take_stripe counts the running jobs of its stripe's leases with an index
+    condition on job_running_idx (keyed on lease, schema/0013): the running jobs of other
+    leases are not read."""
+    _fill(conn)
+    conn.execute(
+        "UPDATE pgq.job SET state = 'running', started_at = now(), worker_alive_at = now(),"
+        " worker_id = 'w', lease = gen_random_uuid(), max_retry_count = 3"
+        " WHERE id IN (SELECT id FROM pgq.job WHERE state = 'pending' LIMIT 200)"
+    )
+    conn.execute("ANALYZE pgq.job")
+    text, config = _function_query(
+        conn,
+        "limit_take_stripe",
+        "SELECT t.slots - l.n, l.live",
+        ";",
+        {"INTO v_free, v_live": "", "p_type": "%(type)s::text", "v_s": "0"},
+    )
+    nodes = _explain(conn, text, config, {"type": "a"})
+    reads = [n for n in nodes if n.get("Index Name") == "job_running_idx"]
+    assert reads and all("lease" in str(n.get("Index Cond")) for n in reads), nodes
+    assert not [s for s in _job_scans(nodes) if s["Node Type"] == "Seq Scan"], nodes

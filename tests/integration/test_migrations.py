@@ -137,7 +137,7 @@ INDEXES = {
         " WHERE (bundle_id IS NOT NULL)"
     ),
     "job_running_idx": (
-        "CREATE INDEX job_running_idx ON {s}.job USING btree (worker_id)"
+        "CREATE INDEX job_running_idx ON {s}.job USING btree (lease)"
         " WHERE (state = 'running'::{s}.job_state)"
     ),
     "job_dependency_pkey": (
