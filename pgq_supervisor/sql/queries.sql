@@ -211,6 +211,8 @@ claimed AS (
     -- claim_pick: a volatile function sees what its calling statement has written so far, so
     -- a concurrency limit counts the jobs completed here as finished and their slots as free
     -- (counted as running, a full batch under a limit came back as a sliver of one, or empty).
+    -- The dependents the completion releases are released by an AFTER trigger, at the end of
+    -- the statement: this claim does not see them, and updates no row a trigger has changed.
     WHERE j.id = ANY((SELECT {schema}.claim_pick(%(types)s::text[], %(limit)s::int,
                                                  %(lease)s::uuid)
                       WHERE (SELECT count(*) FROM done) >= 0)::uuid[])

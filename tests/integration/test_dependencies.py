@@ -116,6 +116,24 @@ def test_a_diamond_with_a_failed_branch_under_a_supervisor_free_drain(conn: Conn
     assert get(conn, d).started_at is None
 
 
+def test_a_completion_riding_on_a_claim_releases_its_dependents_for_the_next_claim(
+    conn: Conn,
+) -> None:
+    """succeed_and_claim writes the batch before claim_pick picks (so a concurrency limit
+    counts the slots it frees); the dependents it releases are released by an AFTER trigger at
+    the end of that statement, so its own claim does not see them, nothing fails, and the next
+    claim takes them."""
+    first = pgq.enqueue(conn, "t", {}, schema=SCHEMA)
+    dependent = pgq.enqueue(conn, "t", {}, depends_on=[first], schema=SCHEMA)
+    job = claim_one(conn, "t")
+    done, jobs = db.succeed_and_claim(
+        conn, SCHEMA, job.lease, [(job.id, None)],
+        worker_id="w", types=["t"], max_retry_counts=[3], limit=10,
+    )  # fmt: skip
+    assert (done, jobs) == ({first}, [])
+    assert [j.id for j in claim(conn, ["t"], limit=10)] == [dependent]
+
+
 def test_an_unknown_dependency_is_named_and_nothing_is_written(conn: Conn) -> None:
     a = pgq.enqueue(conn, "t")
     ghost = JobId(uuid.uuid4())
