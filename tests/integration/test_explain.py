@@ -130,14 +130,19 @@ def test_claim_update_runs_pick_once_and_finds_rows_by_primary_key(conn: Conn) -
     assert not [n for n in _job_scans(nodes) if n["Node Type"] == "Seq Scan"], nodes
 
 
-def test_rescue_reads_running_jobs_through_job_running_idx(conn: Conn) -> None:
-    _fill(conn)
+def _run_some(conn: Conn) -> None:
+    """200 of the pending jobs running, each under a lease of its own."""
     conn.execute(
         "UPDATE pgq.job SET state = 'running', started_at = now(), worker_alive_at = now(),"
         " worker_id = 'w', lease = gen_random_uuid(), max_retry_count = 3"
         " WHERE id IN (SELECT id FROM pgq.job WHERE state = 'pending' LIMIT 200)"
     )
     conn.execute("ANALYZE pgq.job")
+
+
+def test_rescue_reads_running_jobs_through_job_running_idx(conn: Conn) -> None:
+    _fill(conn)
+    _run_some(conn)
     nodes = _plan(conn, "rescue", {"dead_after": 30.0, "limit": 1000, "error": "x"})
     scans = _job_scans(nodes)
     assert scans, nodes
@@ -314,12 +319,7 @@ def test_a_striped_claim_counts_its_stripe_by_lease_on_the_running_index(conn: C
     condition on job_running_idx (keyed on lease, schema/0013): the running jobs of other
     leases are not read."""
     _fill(conn)
-    conn.execute(
-        "UPDATE pgq.job SET state = 'running', started_at = now(), worker_alive_at = now(),"
-        " worker_id = 'w', lease = gen_random_uuid(), max_retry_count = 3"
-        " WHERE id IN (SELECT id FROM pgq.job WHERE state = 'pending' LIMIT 200)"
-    )
-    conn.execute("ANALYZE pgq.job")
+    _run_some(conn)
     text, config = _function_query(
         conn,
         "limit_take_stripe",
