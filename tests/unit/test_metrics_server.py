@@ -77,6 +77,13 @@ def test_counters_and_histograms(server: MetricsServer, metrics: Metrics) -> Non
     assert metric(s, "pgq_wake_latency_seconds_count") == 1
     assert metric(s, "pgq_jobs_pruned_total", state="succeeded") == 7
     assert metric(s, "pgq_jobs_pruned_total", state="failed") == 2
+    # a batch counts each (type, outcome) once, however many; the per-type series are kept
+    metrics.record([("a", "succeeded", 0.1)] * 100 + [("b", "retried", 1.0)] * 3, [])
+    s = scrape(server.port)
+    assert metric(s, "pgq_jobs_total", type="a", outcome="succeeded") == 101
+    assert metric(s, "pgq_jobs_total", type="b", outcome="retried") == 4
+    assert metric(s, "pgq_job_duration_seconds_count", type="a") == 102
+    assert metric(s, "pgq_job_duration_seconds_sum", type="b") == 5.0
 
 
 def test_queue_gauges_reset_types_that_vanished(server: MetricsServer, metrics: Metrics) -> None:
