@@ -152,9 +152,9 @@ async def durable_commit_async(conn: AsyncConn) -> None:
 
 @contextlib.contextmanager
 def counting_reads(conn: Conn) -> Iterator[None]:
-    """A transaction for the statements that count the queue (metrics, `status`):
-    one snapshot for all of them, and no JIT compilation, which costs more than it saves
-    there. A SET LOCAL, so it is safe behind a pooler in transaction mode."""
+    """A transaction for the statements that count the queue (metrics, `status`) with no
+    JIT compilation, which costs them more than it saves (each statement still reads its own
+    snapshot). A SET LOCAL, so it is safe behind a pooler in transaction mode."""
     with wrapped(), conn.transaction():
         conn.execute(statement("no_jit", DEFAULT_SCHEMA))
         yield

@@ -5,6 +5,7 @@ the same gate as pauses, rates and dependencies."""
 from __future__ import annotations
 
 import threading
+import uuid
 
 import psycopg
 import pytest
@@ -342,12 +343,36 @@ def test_a_striped_claim_takes_a_stripe_with_room_for_its_batch(conn: Conn) -> N
     assert _running(conn, "s") == 200
 
 
+def test_a_batch_bigger_than_a_stripe_takes_a_free_stripe_and_locks_only_it(conn: Conn) -> None:
+    _enqueue(conn, "s", 300)
+    db.sync_limits(conn, SCHEMA, ["s"], {"s": (200, None)})  # two stripes of 100
+    with conn.transaction():
+        row = conn.execute(
+            "SELECT cardinality(pgq.claim_pick(ARRAY['s'], 150, gen_random_uuid()))"
+        ).fetchone()
+        locks = conn.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
+        ).fetchone()
+        assert (row, locks) == ((100,), (1,))
+
+
 def test_near_a_striped_limit_a_claim_looks_at_two_stripes_not_all(conn: Conn) -> None:
-    """Every stripe has room for 10 jobs: a claim of 50 takes 10 from the better of the first
-    two stripes it can lock, and holds only those two stripes' locks meanwhile."""
-    _enqueue(conn, "s", 100)
+    """Every stripe has 90 of its 100 slots taken: a claim of 50 takes 10 from the better of
+    the first two stripes it can lock, and holds only those two stripes' locks meanwhile."""
+    _enqueue(conn, "s", 400)
     db.sync_limits(conn, SCHEMA, ["s"], {"s": (400, None)})  # four stripes of 100
-    conn.execute("UPDATE pgq.type_limit_stripe SET slots = 10 WHERE type = 's'")  # as if full
+    for stripe in range(4):  # 90 running jobs in each stripe, under a lease of its own
+        lease = uuid.uuid4()
+        conn.execute(
+            "UPDATE pgq.job SET state = 'running', started_at = now(), worker_alive_at = now(),"
+            " worker_id = 'w', lease = %s, max_retry_count = 3 WHERE id IN"
+            " (SELECT id FROM pgq.job WHERE state = 'pending' ORDER BY id LIMIT 90)",
+            (lease,),
+        )
+        conn.execute(
+            "UPDATE pgq.type_limit_stripe SET leases = ARRAY[%s] WHERE type = 's' AND stripe = %s",
+            (lease, stripe),
+        )
     with conn.transaction():
         row = conn.execute(
             "SELECT cardinality(pgq.claim_pick(ARRAY['s'], 50, gen_random_uuid()))"

@@ -323,9 +323,9 @@ def test_a_striped_claim_counts_its_stripe_by_lease_on_the_running_index(conn: C
     text, config = _function_query(
         conn,
         "limit_take_stripe",
-        "SELECT t.slots - l.n, l.live",
+        "SELECT t.slots, t.slots - l.n, l.live",
         ";",
-        {"INTO v_free, v_live": "", "p_type": "%(type)s::text", "v_s": "0"},
+        {"INTO v_slots, v_free, v_live": "", "p_type": "%(type)s::text", "v_s": "0"},
     )
     nodes = _explain(conn, text, config, {"type": "a"})
     reads = [n for n in nodes if n.get("Index Name") == "job_running_idx"]
