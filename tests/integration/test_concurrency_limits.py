@@ -343,17 +343,24 @@ def test_a_striped_claim_takes_a_stripe_with_room_for_its_batch(conn: Conn) -> N
     assert _running(conn, "s") == 200
 
 
-def test_a_batch_bigger_than_a_stripe_takes_a_free_stripe_and_locks_only_it(conn: Conn) -> None:
-    _enqueue(conn, "s", 300)
-    db.sync_limits(conn, SCHEMA, ["s"], {"s": (200, None)})  # two stripes of 100
-    with conn.transaction():
+def _pick_and_locks(conn: Conn, limit: int) -> tuple[int, int]:
+    """How many jobs of `s` a claim of `limit` picks, and how many advisory locks (stripes) it
+    holds until it ends (rolled back)."""
+    with conn.transaction(force_rollback=True):
         row = conn.execute(
-            "SELECT cardinality(pgq.claim_pick(ARRAY['s'], 150, gen_random_uuid()))"
+            "SELECT cardinality(pgq.claim_pick(ARRAY['s'], %s, gen_random_uuid()))", (limit,)
         ).fetchone()
         locks = conn.execute(
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
         ).fetchone()
-        assert (row, locks) == ((100,), (1,))
+    assert row is not None and locks is not None
+    return int(row[0]), int(locks[0])
+
+
+def test_a_batch_bigger_than_a_stripe_takes_a_free_stripe_and_locks_only_it(conn: Conn) -> None:
+    _enqueue(conn, "s", 300)
+    db.sync_limits(conn, SCHEMA, ["s"], {"s": (200, None)})  # two stripes of 100
+    assert _pick_and_locks(conn, 150) == (100, 1)
 
 
 def test_near_a_striped_limit_a_claim_looks_at_two_stripes_not_all(conn: Conn) -> None:
@@ -373,14 +380,7 @@ def test_near_a_striped_limit_a_claim_looks_at_two_stripes_not_all(conn: Conn) -
             "UPDATE pgq.type_limit_stripe SET leases = ARRAY[%s] WHERE type = 's' AND stripe = %s",
             (lease, stripe),
         )
-    with conn.transaction():
-        row = conn.execute(
-            "SELECT cardinality(pgq.claim_pick(ARRAY['s'], 50, gen_random_uuid()))"
-        ).fetchone()
-        locks = conn.execute(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
-        ).fetchone()
-        assert (row, locks) == ((10,), (2,))
+    assert _pick_and_locks(conn, 50) == (10, 2)
 
 
 def test_a_striped_claim_without_a_lease_counts_every_running_job(conn: Conn) -> None:
