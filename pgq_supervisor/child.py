@@ -168,7 +168,8 @@ class ChildState(enum.Enum):
     """Where a child is in its one lifecycle, as the supervisor sees it.
 
     BOOTING ─Ready─▶ BUSY ─Idle─▶ IDLE ─Wake─▶ BUSY ...
-    any live state ─Stop sent / Retiring─▶ STOPPING (exits 0 after the job in hand)
+    any live state ─Stop sent / Retiring (also its own SIGTERM)─▶ STOPPING (exits 0 after the
+        job in hand)
     any ─job outran its timeout, or was cancelled: SIGTERM─▶ TERMINATING ─KILL_GRACE─▶ KILLED
     any ─shutdown deadline or second SIGINT: SIGKILL─▶ KILLED
     """
@@ -243,9 +244,12 @@ class Child:
             self.send(Stop())
 
     def terminate(self, now: float, reason: str, job_id: JobId) -> None:
-        """SIGTERM for `job_id`, whose attempt records `reason`; SIGKILL follows if needed."""
+        """SIGTERM for `job_id`, whose attempt records `reason`; SIGKILL follows if needed.
+        The slot's kill mark, set first, makes the child die of it rather than stop (a SIGTERM
+        from anyone else is a stop: signals.ChildSignals)."""
         self.kill_reason, self.kill_job, self.term_sent_at = reason, job_id, now
         self.state = ChildState.TERMINATING
+        self.slot.mark_kill()
         self.proc.terminate()
 
     def stop_cancelled(self, now: float, job: SlotView) -> None:

@@ -27,7 +27,9 @@ Jobs named by RunAlone (released from the death of a child that held several, de
 with nothing else in flight: the child stops starting and claiming until its jobs in flight are
 done, then runs that job by itself.
 
-Stop (or the supervisor gone): claimed jobs not started go back, jobs in flight finish, exit.
+Stop, a SIGTERM (signals.ChildSignals: its wake-up socket is a reader of the loop; it never
+reaches a job's task or thread) or the supervisor gone: claimed jobs not started go back, jobs
+in flight finish, exit.
 """
 
 from __future__ import annotations
@@ -66,7 +68,15 @@ from pgq_supervisor.ipc import (
 from pgq_supervisor.jobs import Job, JobId
 from pgq_supervisor.registry import ClaimPolicy, Registry
 from pgq_supervisor.runs import Committed, Lost, Settlement, TimedOut
-from pgq_supervisor.worker import REPORT_EVERY, ChildSpec, child_parts, connect_child, rss_mb
+from pgq_supervisor.signals import ChildSignals
+from pgq_supervisor.worker import (
+    REPORT_EVERY,
+    ChildSpec,
+    child_parts,
+    connect_child,
+    rss_mb,
+    stop_on_sigterm,
+)
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +112,7 @@ class InFlightWorker:
         *,
         clock: Callable[[], float] = time.monotonic,
         error_backoff: Backoff | None = None,
+        signals: ChildSignals | None = None,
     ) -> None:
         self.spec = spec
         self.registry = registry
@@ -140,6 +151,7 @@ class InFlightWorker:
         self.woken_at: float | None = None
         self.changed: asyncio.Event | None = None
         self.title = ""
+        self.signals = signals
 
     # ---- the loop ----
 
@@ -173,11 +185,17 @@ class InFlightWorker:
             )
         loop = asyncio.get_running_loop()
         loop.add_reader(self.pipe.fileno(), self._read_pipe)
+        sigterm = None if self.signals is None else self.signals.reader
+        if sigterm is not None:
+            loop.add_reader(sigterm.fileno(), self._read_signals)
+        self._read_signals()  # one that came while it booted
         try:
             while not (self.stopping and not self.running and not self.done):
                 await self._turn()
         finally:
             loop.remove_reader(self.pipe.fileno())
+            if sigterm is not None:
+                loop.remove_reader(sigterm.fileno())
             # jobs still held when the loop ends (the supervisor is gone and a job will not
             # end): leave them to the supervisor or the rescuer
             for flight in self.running.values():
@@ -428,6 +446,12 @@ class InFlightWorker:
 
     def _read_pipe(self) -> None:
         self._poll_pipe()
+        if self.changed is not None:
+            self.changed.set()
+
+    def _read_signals(self) -> None:
+        if stop_on_sigterm(self.signals, self.pipe, self.spec.worker_id, self.stopping):
+            self.stopping = True
         if self.changed is not None:
             self.changed.set()
 

@@ -6,7 +6,8 @@ Two channels per child:
   rewrites at every job start and end, so the hot path costs no system call; the supervisor
   reads it when it judges a timeout or reaps a death. It
   names the job's type too (an index into the child's types), so a death's retry backoff needs
-  no query.
+  no query. One more byte says the supervisor is killing the child (`mark_kill`): a SIGTERM
+  sent then is a kill, any other a stop (signals.ChildSignals).
 """
 
 from __future__ import annotations
@@ -126,7 +127,7 @@ class JobSlot:
     once (`capacity`, the child's concurrency). A sequence lock per entry keeps reads untorn:
     the writer makes `seq` odd while it writes; readers retry until they see one even value
     on both sides of their copy. `types` are the child's job types: the slot stores a type as
-    its index, looked up in a dict built once."""
+    its index, looked up in a dict built once. A separate byte is the kill mark."""
 
     def __init__(
         self,
@@ -136,23 +137,41 @@ class JobSlot:
         capacity: int = 1,
     ) -> None:
         self._attach(
-            raw if raw is not None else RawArray(ctypes.c_char, _ENTRY * capacity), tuple(types)
+            raw if raw is not None else RawArray(ctypes.c_char, _ENTRY * capacity),
+            tuple(types),
+            RawArray(ctypes.c_char, 1),
         )
 
-    def _attach(self, raw: Array[ctypes.c_char], types: tuple[str, ...]) -> None:
+    def _attach(
+        self, raw: Array[ctypes.c_char], types: tuple[str, ...], kill: Array[ctypes.c_char]
+    ) -> None:
         self.raw = raw
         self.types = types
+        self._kill = kill
         self._index = {t: i for i, t in enumerate(types)}
         self._view = memoryview(raw).cast("B")
         self.capacity = max(1, len(raw) // _ENTRY)
         self._seqs = [0] * self.capacity
 
-    # Pickled for the spawned child as the shared array itself (multiprocessing passes its fd).
+    # Pickled for the spawned child as the shared arrays themselves (multiprocessing passes
+    # their fd).
     def __getstate__(self) -> object:
-        return (self.raw, self.types)
+        return (self.raw, self.types, self._kill)
 
-    def __setstate__(self, state: tuple[Array[ctypes.c_char], tuple[str, ...]]) -> None:
+    def __setstate__(
+        self, state: tuple[Array[ctypes.c_char], tuple[str, ...], Array[ctypes.c_char]]
+    ) -> None:
         self._attach(*state)
+
+    def mark_kill(self) -> None:
+        """The supervisor is about to SIGTERM the child to kill it (a timeout, a cancel): the
+        child's handler reads this to tell that SIGTERM from a stop. Never cleared: a child
+        killed stays killed."""
+        self._kill[0] = b"\x01"
+
+    @property
+    def kill_marked(self) -> bool:
+        return self._kill[0] != b"\x00"
 
     def _write(
         self,

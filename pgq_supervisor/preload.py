@@ -12,6 +12,13 @@ neither. Importing the app here is best effort: if it fails, the child imports i
 and reports the error as before (BootFailed, exit code CHILD_BOOT_FAILURE). `gc.freeze()` at
 the end moves every object imported so far out of the collector's reach, so a child's garbage
 collections do not write to (and so copy) the shared pages.
+
+The fork server ignores SIGTERM, as multiprocessing's resource tracker does: a SIGTERM to the
+whole group (systemd's KillMode=control-group, `timeout(1)`, `kill -- -PGID`) would otherwise
+kill it while its children finish their jobs, and the exit codes it relays to the supervisor
+would be lost (every child would read as `exit code 255`, a worker death). It exits when the
+supervisor does (multiprocessing closes its pipe), or by SIGKILL. A child installs its own
+SIGTERM handler first thing (worker.child_main).
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import contextlib
 import gc
 import importlib
 import os
+import signal
 
 import psycopg  # noqa: F401  (imported for its pages)
 import pydantic  # noqa: F401
@@ -46,6 +54,7 @@ def preload_app(target: str) -> bool:
     return True
 
 
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
 if os.environ.get(PRELOAD_APP_ENV):
     preload_app(os.environ[PRELOAD_APP_ENV])
 with contextlib.suppress(Exception):

@@ -22,7 +22,9 @@ backoff needs no query), releases the jobs it had claimed but not started, and r
 with backoff. A child whose job outruns its timeout, or whose job in hand was cancelled, gets
 SIGTERM, then SIGKILL; a cancel's child is respawned at once and counts no attempt. Shutdown sends
 Stop to every child, waits up to `shutdown_timeout`, then kills the rest and releases their
-jobs without consuming an attempt.
+jobs without consuming an attempt. A child that said Retiring (max_jobs_per_child, its memory,
+a SIGTERM of its own: a stop to a child, signals.py) and exits 0 is a clean exit: respawned at
+once, no attempt charged, none while shutting down.
 
 Time is the injected clock throughout. Children stamp a job's start with time.monotonic()
 (CLOCK_MONOTONIC is system-wide), so outside tests the clock is time.monotonic; a test's fake
@@ -453,7 +455,9 @@ class Supervisor:
         clean = child.proc.exitcode == ExitCode.OK and child.leaving
         # stopped for a cancel: asked for, so no crash (no respawn backoff, no warning)
         cancelled = child.kill_reason == CANCELLED
-        if not clean and not cancelled:
+        if clean:
+            log.info("child %d (pid %s) stopped: %s", child.spec.index, child.pid, how)
+        elif not cancelled:
             log.warning("child %d (pid %s) died: %s", child.spec.index, child.pid, how)
         if not self.stopping and child.spec.index < self.target:
             lived = now - child.started_at

@@ -14,7 +14,9 @@ statement of the next claim (or a flush when a batch runs long), and keeps every
 the heartbeat until its outcome lands. A database error backs off with jitter, reconnects if
 the connection is gone (waking for a Stop), then lets the Completer write or forget its
 buffer. Pipe EOF (the supervisor is gone) makes the child finish the job in hand and exit.
-SIGINT is ignored: the supervisor decides when children stop.
+SIGINT is ignored (Ctrl-C reaches the supervisor too, and it stops the children). SIGTERM is a
+stop, as Stop is, and the child tells the supervisor it leaves (Retiring): the handler only
+records it and wakes the loop (signals.ChildSignals), the job in hand runs to its end.
 """
 
 from __future__ import annotations
@@ -25,10 +27,11 @@ import gc
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
+from multiprocessing.connection import Connection, wait
 from typing import Final
 
 from setproctitle import getproctitle, setproctitle
@@ -43,6 +46,7 @@ from pgq_supervisor.ipc import BootFailed, Idle, JobSlot, Ready, Report, Retirin
 from pgq_supervisor.jobs import Job
 from pgq_supervisor.logs import setup_logging
 from pgq_supervisor.registry import Registry, load_registry
+from pgq_supervisor.signals import ChildSignals
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +81,8 @@ def child_main(spec: ChildSpec, pipe: Connection, slot: JobSlot) -> None:
     """Entry point of a spawned child. Exits 0 when told to stop, or CHILD_BOOT_FAILURE."""
     getproctitle()  # first: see cli.main
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signals = ChildSignals(slot)  # before booting: a SIGTERM while it boots is a stop too
+    signals.install()
     setup_logging(spec.log_level, spec.log_format)
     setproctitle(f"pgq-worker[{spec.index}] booting")
     try:
@@ -98,10 +104,28 @@ def child_main(spec: ChildSpec, pipe: Connection, slot: JobSlot) -> None:
     from pgq_supervisor.inflight import InFlightWorker, uses_loop  # it builds on this module
 
     if uses_loop(spec, registry):
-        InFlightWorker(spec, registry, pipe, slot, conn).run()
+        InFlightWorker(spec, registry, pipe, slot, conn, signals=signals).run()
     else:
-        Worker(spec, registry, pipe, slot, conn).run()
+        Worker(spec, registry, pipe, slot, conn, signals=signals).run()
     sys.exit(0)
+
+
+def stop_on_sigterm(
+    signals: ChildSignals | None, pipe: Connection, worker_id: str, stopping: bool
+) -> bool:
+    """Empty `signals`; True if a SIGTERM was recorded: the child then stops as if told to, and
+    unless it is stopping already it says so to the supervisor (Retiring: a clean exit, a
+    child replaced at once when the supervisor is not stopping itself)."""
+    if signals is None:
+        return False
+    signals.drain()
+    if not signals.take():
+        return False
+    if not stopping:
+        log.info("worker %s: SIGTERM: finishing the jobs in hand, then leaving", worker_id)
+        with contextlib.suppress(OSError):
+            pipe.send(Retiring("SIGTERM"))
+    return True
 
 
 def _trim_heap() -> None:
@@ -178,6 +202,7 @@ class Worker:
         *,
         error_backoff: Backoff | None = None,
         connect_backoff: Backoff | None = None,
+        signals: ChildSignals | None = None,
     ) -> None:
         self.spec = spec
         self.registry = registry
@@ -197,11 +222,17 @@ class Worker:
         self.last_pipe_check = 0.0
         self.woken_at: float | None = None
         self.title_idle = f"pgq-worker[{spec.index}] idle"
+        self.signals = signals
+        # what an idle or backing-off child waits on: a SIGTERM's wake-up byte as well
+        self.wait_on: list[Connection | socket.socket] = [pipe]
+        if signals is not None and signals.reader is not None:
+            self.wait_on.append(signals.reader)
 
     def run(self) -> None:
         """Claim → run the batch → settle → report, or idle until woken; until told to stop."""
         self.heartbeat.start()
         self.pipe.send(Ready(os.getpid()))
+        self._poll_signals()  # one that came while it booted
         try:
             while not self.stopping:
                 jobs = self._claim()
@@ -272,7 +303,12 @@ class Worker:
         self.pipe.send(Idle())
         self._report()
         setproctitle(self.title_idle)
-        self._handle(self.pipe.recv())  # EOFError when the supervisor is gone
+        while not self.stopping:
+            ready = wait(self.wait_on)
+            self._poll_signals(woken=True)
+            if self.pipe in ready:
+                self._handle(self.pipe.recv())  # EOFError when the supervisor is gone
+                return
 
     def _report(self) -> None:
         outcomes = self.completer.take_outcomes()
@@ -358,8 +394,19 @@ class Worker:
         elif isinstance(msg, Stop):
             self.stopping = True
 
+    def _poll_signals(self, woken: bool = False) -> None:
+        """A SIGTERM recorded: stop. No system call unless one was recorded or a wait woke
+        (`woken`: empty the wake-up socket, whichever signal wrote to it, so the next wait
+        blocks)."""
+        if self.signals is not None and (woken or self.signals.pending):
+            self.stopping |= stop_on_sigterm(
+                self.signals, self.pipe, self.spec.worker_id, self.stopping
+            )
+
     def _poll_pipe(self, force: bool = False) -> None:
-        """Between jobs, at most every 10 ms: has the supervisor asked us to stop?"""
+        """Between jobs, at most every 10 ms: has the supervisor asked us to stop? At every
+        call: has a SIGTERM?"""
+        self._poll_signals()
         now = time.monotonic()
         if not force and now - self.last_pipe_check < CHECK_PIPE_EVERY:
             return
@@ -371,11 +418,13 @@ class Worker:
             self.stopping = True
 
     def _sleep_polling(self, seconds: float) -> None:
-        """Sleep, but wake for a Stop from the supervisor (a Wake does not cut it short)."""
+        """Sleep, but wake for a Stop from the supervisor or a SIGTERM (a Wake does not cut it
+        short)."""
         deadline = time.monotonic() + seconds
         try:
             while not self.stopping and (left := deadline - time.monotonic()) > 0:
-                if self.pipe.poll(left):
+                if wait(self.wait_on, left):
+                    self._poll_signals(woken=True)
                     self._poll_pipe(force=True)
         except (EOFError, OSError):
             self.stopping = True

@@ -43,7 +43,15 @@ FAST = ("--heartbeat-interval", "0.5", "--dead-after", "2", "--poll-interval", "
 class Supervisor:
     """`python -m pgq_supervisor run ...` in its own process group, logs to a file."""
 
-    def __init__(self, dsn: str, app: str, *args: str, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        app: str,
+        *args: str,
+        env: dict[str, str] | None = None,
+        wrap: Sequence[str] = (),
+    ) -> None:
+        """`wrap`: a command that runs the CLI (`timeout ...`); `pid` is then the wrapper's."""
         self.log_path = Path(tempfile.mkstemp(prefix="pgq-sup-", suffix=".log")[1])
         self._log = self.log_path.open("wb")
         full_env = dict(os.environ)
@@ -55,6 +63,7 @@ class Supervisor:
         given = env or {}
         full_env = {**given, **{k: v for k, v in full_env.items() if k not in given}}
         self.cmd = [
+            *wrap,
             sys.executable,
             "-m",
             "pgq_supervisor",

@@ -62,7 +62,11 @@ def _expect(pipe: Connection, kind: type) -> None:
 def _worker(dsn: str, **backoffs: Backoff) -> Iterator[tuple[Connection, threading.Thread]]:
     ours, theirs = multiprocessing.Pipe()
     conn = connect_retrying(dsn, 5.0, synchronous_commit=False)
-    worker = Worker(_spec(dsn), registry, theirs, JobSlot(), conn, **backoffs)
+    worker = Worker(
+        _spec(dsn), registry, theirs, JobSlot(), conn,
+        error_backoff=backoffs.get("error_backoff"),
+        connect_backoff=backoffs.get("connect_backoff"),
+    )  # fmt: skip
     thread = threading.Thread(target=worker.run, name="test-worker", daemon=True)
     thread.start()
     try:

@@ -130,10 +130,11 @@ def test_a_job_past_its_timeout_gets_sigterm_then_sigkill_on_the_injected_clock(
     child.start_job(JobId(uuid.uuid4()), "t", started=clock.now, timeout=5.0)
     clock.now += 4.9
     sup.run_once(0)
-    assert child.proc.signals == []
+    assert child.proc.signals == [] and not child.slot.kill_marked
     clock.now += 0.2
     sup.run_once(0)
     assert child.proc.signals == [signal.SIGTERM]  # this fake ignores it, as a hung child may
+    assert child.slot.kill_marked  # so the child dies of it, rather than stopping
     assert sup.children[0].state is ChildState.TERMINATING
     assert sup.children[0].kill_reason == "timeout after 5 s"
     clock.now += KILL_GRACE - 0.1

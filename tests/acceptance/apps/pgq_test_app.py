@@ -117,6 +117,11 @@ def steps(payload: dict[str, int], job: pgq.Job, conn: Conn) -> dict[str, int]:
     return {"steps": n}
 
 
+# `steps`, at most one in flight per child: at --concurrency N the rest of a claim waits in the
+# child, claimed but not started (the stop-signal tests release them)
+registry.handler("gated", concurrency=1, retry=NO_BACKOFF)(steps)
+
+
 @registry.handler("step", max_retry_count=0)
 def step(payload: dict[str, str | float | bool], job: pgq.Job) -> dict[str, object]:
     """A step of a dependency graph: returns its name and the results it was handed."""
