@@ -432,15 +432,9 @@ GROUP BY type, state
 ORDER BY type, state
 
 -- name: depth
--- Ready jobs: what an autoscaler should size workers for. Two counts, one per index that holds
--- ready jobs (schema/0009): those due when inserted (job_claim_idx) and delayed ones that have
--- come due (job_delayed_idx).
-SELECT ((SELECT count(*) FROM {schema}.job
-         WHERE state = 'pending' AND waiting_on = 0 AND start_at <= created_at
-           AND start_at <= now() AND (%(type)s::text IS NULL OR type = %(type)s))
-      + (SELECT count(*) FROM {schema}.job
-         WHERE state = 'pending' AND waiting_on = 0 AND start_at > created_at
-           AND start_at <= now() AND (%(type)s::text IS NULL OR type = %(type)s)))::int
+-- Jobs a claim could take now: what an autoscaler should size workers for. The definition is
+-- the SQL function (schema/0014), which KEDA's trigger calls too; NULL counts every type.
+SELECT {schema}.depth(VARIADIC %(types)s::text[])
 
 -- name: next_due
 -- Seconds until the earliest delayed job of the served types becomes eligible (a waiting job
