@@ -61,7 +61,9 @@ def add_commands(sub: argparse._SubParsersAction[Parser], common: Parser) -> Non
     p = sub.add_parser("status", parents=parents, help="jobs per type and state")
     p.set_defaults(handler=cmd_status)
 
-    p = sub.add_parser("depth", parents=parents, help="ready jobs (one integer, for autoscalers)")
+    p = sub.add_parser(
+        "depth", parents=parents, help="jobs a claim could take now (one integer, for autoscalers)"
+    )
     p.add_argument("--type", type=_job_type, help="count only this job type")
     p.set_defaults(handler=cmd_depth)
 

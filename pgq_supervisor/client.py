@@ -268,7 +268,9 @@ def queue_stats(conn: db.Conn, *, schema: str | None = None) -> list[TypeStats]:
 
 
 def queue_depth(conn: db.Conn, type: str | None = None, *, schema: str | None = None) -> int:
-    """Jobs ready to run now (of one type, or all): what an autoscaler should size for."""
+    """Jobs a claim could take now (of one type, or all): what an autoscaler should size for.
+    The schema's depth() (schema/0014): due, not waiting on dependencies, not of a paused
+    type, within a rate's free starts and a global limit's free slots."""
     return db.depth(conn, _schema(schema), type)
 
 

@@ -90,6 +90,9 @@ class Heartbeat:
             self._conn = self._connect()
         alive = 0
         for lease, ids in snapshot.items():
+            # A job whose row another transaction holds (this worker's own completion,
+            # usually) is skipped rather than waited for, and comes back as kept: it stays
+            # held, and is beaten next time if it was not settled after all.
             kept = db.heartbeat(self._conn, self._schema, ids, lease)
             alive += len(kept)
             lost = [i for i in ids if i not in kept]

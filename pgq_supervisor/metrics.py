@@ -85,6 +85,12 @@ class Metrics:
             ["type", "reason"],
             registry=r,
         )
+        self.depth = Gauge(
+            "pgq_queue_depth",
+            "Jobs a claim could take now, of every type: what `depth` prints and the KEDA"
+            " PostgreSQL trigger counts (the schema's depth())",
+            registry=r,
+        )
         self._known_types: set[str] = set()
         self._controlled: set[str] = set()
         self._limited: set[str] = set()
@@ -173,7 +179,8 @@ class QueueMetricsResult:
 
 class QueueMetrics:
     """The queue gauges (ready, delayed, running, oldest ready age per type; paused types and
-    jobs held back by a pause, a rate or a concurrency limit), refreshed from the database.
+    jobs held back by a pause, a rate or a concurrency limit; the queue's depth), refreshed from
+    the database.
     Every supervisor reports the same queue-wide values."""
 
     def __init__(self, schema: str, metrics: Metrics) -> None:
@@ -187,7 +194,9 @@ class QueueMetrics:
             stats = db.queue_stats(conn, self.schema, active_only=True)
             controls = db.type_controls(conn, self.schema)
             limits = db.type_limits(conn, self.schema)
+            depth = db.depth(conn, self.schema)
         self.metrics.update_queue(stats)
+        self.metrics.depth.set(depth)
         self.metrics.update_controls(controls, stats)
         self.metrics.update_limits(limits)
         return QueueMetricsResult(len(stats))

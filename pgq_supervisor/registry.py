@@ -276,7 +276,10 @@ class Registry:
             try:
                 handler.validate(payload)
             except InvalidInput as exc:
-                raise ConfigError(f"periodic {name!r}: {exc}") from None
+                # like enqueue's, the default payload is JSON null: say so, a handler taking
+                # a dict rejects it and the reader may not know where the null came from
+                hint = " (no payload= given: the payload is null)" if payload is None else ""
+                raise ConfigError(f"periodic {name!r}: {exc}{hint}") from None
             self.schedules[name] = schedule
 
         if type is not None:

@@ -11,6 +11,7 @@ from pgq_supervisor.db import rows
 from pgq_supervisor.db.connection import Conn, statement, wrapped
 from pgq_supervisor.db.params import (
     DeleteFinishedParams,
+    DepthParams,
     IdParams,
     IdsParams,
     ListJobsParams,
@@ -131,7 +132,8 @@ def queue_stats(conn: Conn, schema: str, *, active_only: bool = False) -> list[T
 
 
 def depth(conn: Conn, schema: str, type_: str | None = None) -> int:
-    params: TypeFilterParams = {"type": type_}
+    """Jobs a claim could take now (of `type_`, or of every type): the schema's depth()."""
+    params: DepthParams = {"types": None if type_ is None else [type_]}
     with wrapped(), conn.cursor(row_factory=scalar_row) as cur:
         count: int | None = cur.execute(statement("depth", schema), params).fetchone()
     return 0 if count is None else int(count)

@@ -65,7 +65,10 @@ def claim(
 
 
 def heartbeat(conn: Conn, schema: str, ids: Sequence[JobId], lease: LeaseToken) -> set[JobId]:
-    """Refresh `worker_alive_at`; returns the ids still held (the others lost their lease)."""
+    """Refresh `worker_alive_at` of the jobs whose rows no other transaction holds, without
+    waiting for any. Returns the ids still held: running under `lease`, beaten or skipped
+    (held by another transaction: the worker's own completion, usually); the others lost
+    their lease or ended."""
     params: HeartbeatParams = {"ids": list(ids), "lease": lease}
     with wrapped(), conn.cursor(row_factory=scalar_row) as cur:
         return set(cur.execute(statement("heartbeat", schema), params).fetchall())

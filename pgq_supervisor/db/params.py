@@ -210,6 +210,12 @@ class TypeFilterParams(TypedDict):
     type: str | None
 
 
+class DepthParams(TypedDict):
+    """`types` NULL means every type."""
+
+    types: list[str] | None
+
+
 class ListJobsParams(TypedDict):
     state: str
     type: str | None
@@ -385,7 +391,7 @@ PARAMS: dict[str, type] = {
     "delete_empty_bundles": OlderThanParams,
     "queue_stats": NoParams,
     "active_stats": NoParams,
-    "depth": TypeFilterParams,
+    "depth": DepthParams,
     "now": NoParams,
     "summary_by_origin": OriginParams,
     "durable_commit": NoParams,

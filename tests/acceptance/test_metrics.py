@@ -64,6 +64,7 @@ def test_metrics_match_the_database_during_and_after_a_run(
             and metric(s, "pgq_jobs_ready", type="record") == 305
             and metric(s, "pgq_jobs_delayed", type="record") == 7
             and metric(s, "pgq_jobs_ready", type="noop") == 4
+            and metric(s, "pgq_queue_depth") == 305 + 4
             and metric(s, "pgq_children") == 2
         )
         return s if ok else None

@@ -136,3 +136,29 @@ def until(check: Callable[[], object], what: str = "condition") -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {DEADLINE:g} s waiting for {what}")
         time.sleep(0.01)  # polling a condition with a deadline
+
+
+def deadlocks(conn: Conn) -> int:
+    """The deadlocks PostgreSQL has detected in this connection's database, as of now.
+
+    Each backend counts its own in memory and flushes them to the shared statistics at most
+    once a second, when idle: call `flush_stats` on the connections that may have detected
+    one first (a backend that exits flushes them as it goes). The snapshot is cleared so that
+    this reads the shared value afresh.
+    """
+    conn.execute("SELECT pg_stat_clear_snapshot()")
+    row = conn.execute(
+        "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()"
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def flush_stats(conn: Conn) -> None:
+    """Make `conn`'s backend flush its pending statistics (PostgreSQL 15+): it does so when it
+    goes idle after this statement, before the server answers."""
+    if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        conn.rollback()
+    conn.execute("SELECT pg_stat_force_next_flush()")
+    if not conn.autocommit:
+        conn.commit()

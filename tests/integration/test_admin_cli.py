@@ -10,14 +10,13 @@ import uuid
 from typing import Any
 
 import pytest
-import yaml
 from psycopg.conninfo import make_conninfo
 
 import pgq_supervisor as pgq
 from pgq_supervisor import db
 from pgq_supervisor.db import Conn
 from pgq_supervisor.jobs import AttemptKind, JobId, JobState
-from tests.acceptance.helpers import ROOT, run_cli
+from tests.acceptance.helpers import run_cli
 from tests.integration.support import claim_one, count_rows, get
 
 MISSING = "00000000-0000-4000-8000-000000000000"
@@ -222,28 +221,6 @@ def test_depth_counts_ready_jobs_only(dsn: str, conn: Conn) -> None:
     assert ok(cli(dsn, "depth", "--type", "a")) == "3\n"
     assert ok(cli(dsn, "depth", "--type", "nothing-here")) == "0\n"
     assert ok_json(cli(dsn, "depth", "--type", "b", "--json")) == {"depth": 1, "type": "b"}
-
-
-def test_depth_equals_the_keda_scaler_query(dsn: str, conn: Conn) -> None:
-    """deploy/k8s/scaledobject.yaml scales on its own SQL: it must count what `depth` counts."""
-    manifest = yaml.safe_load((ROOT / "deploy" / "k8s" / "scaledobject.yaml").read_text())
-    (trigger,) = manifest["spec"]["triggers"]
-    keda_query = trigger["metadata"]["query"]
-    assert isinstance(keda_query, str)
-
-    def keda() -> int:
-        # the manifest's own text, as KEDA sends it
-        row = conn.execute(keda_query.encode()).fetchone()
-        assert row is not None
-        return int(row[0])
-
-    assert keda() == int(ok(cli(dsn, "depth"))) == 0
-    pgq.enqueue_many(conn, [pgq.NewJob("a") for _ in range(5)])
-    # none of these is ready: not due yet, running, finished
-    pgq.enqueue(conn, "a", {}, start_at=db.db_now(conn, "pgq").replace(year=2999))
-    running(conn, "r")
-    finished(conn, "z", JobState.FAILED)
-    assert keda() == int(ok(cli(dsn, "depth"))) == 5
 
 
 @pytest.mark.parametrize(

@@ -317,6 +317,7 @@ FUNCTIONS = {
     "limit_take_stripe",
     "type_limit_restripe",
     "new_id",
+    "depth",
 }
 
 

@@ -15,6 +15,8 @@ import pytest
 import yaml
 
 from pgq_supervisor import cli
+from pgq_supervisor import sql as queries
+from pgq_supervisor.metrics import Metrics
 from pgq_supervisor.registry import load_registry
 from pgq_supervisor.settings import Settings, load_settings
 
@@ -171,9 +173,12 @@ def test_keda_postgresql_trigger_counts_ready_jobs() -> None:
     meta = trigger["metadata"]
     # KEDA reads the connection string from this env var of the scaled container
     assert meta["connectionFromEnv"] in container_env(the_supervisor_container())
-    query = " ".join(meta["query"].split())
-    assert "FROM pgq.job" in query
-    assert "state = 'pending'" in query and "start_at <= now()" in query
+    # the schema's depth() and nothing else: `depth` and the gauge call the same function
+    # (tests/integration/test_depth.py runs this text against a database)
+    assert meta["query"] == "SELECT pgq.depth()"
+    assert queries.query("depth", "pgq").as_string() == (
+        'SELECT "pgq".depth(VARIADIC %(types)s::text[])'
+    )
     float(meta["targetQueryValue"])
     float(meta["activationTargetQueryValue"])
 
@@ -183,8 +188,9 @@ def test_keda_postgresql_trigger_counts_ready_jobs() -> None:
     assert prom["spec"]["minReplicaCount"] >= 1
     (trigger,) = prom["spec"]["triggers"]
     assert trigger["type"] == "prometheus"
-    # every pod reports the same database-wide gauge: max across pods, not sum
-    assert re.search(r"max by \(type\) \(pgq_jobs_ready\b", trigger["metadata"]["query"])
+    # every pod reports the same database-wide gauge (the schema's depth()): max across pods
+    assert trigger["metadata"]["query"] == 'max(pgq_queue_depth{namespace="default"})'
+    assert Metrics().registry.get_sample_value("pgq_queue_depth") == 0
     float(trigger["metadata"]["threshold"])
 
 

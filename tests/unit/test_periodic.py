@@ -181,6 +181,20 @@ def test_declared_by_type_or_as_a_decorator_above_the_handler() -> None:
         registry.periodic("hourly", every=timedelta(hours=2), type="report", payload={})
 
 
+def test_without_a_payload_the_error_says_the_payload_is_null() -> None:
+    """The default payload is null, as enqueue's: a handler taking a dict rejects it, and the
+    error says where the null came from."""
+    registry = _registry()
+    with pytest.raises(
+        ConfigError,
+        match=r"^periodic 'nightly': payload for 'report' is invalid: .*dictionary"
+        r" \(no payload= given: the payload is null\)$",
+    ):
+        registry.periodic("nightly", cron="0 3 * * *")(registry.handlers["report"].func)
+    registry.periodic("nightly", cron="0 3 * * *", type="any")
+    assert registry.schedules["nightly"].payload is None
+
+
 def test_a_decorator_below_the_handler_or_on_a_plain_function_is_an_error() -> None:
     registry = _registry()
 
