@@ -766,8 +766,8 @@ LIMIT 1
 
 -- name: schema_dump_types
 -- Enums (labels in their order), domains, composite types and ranges (their subtype); any other
--- kind as a comment naming it, so that it still shows in a diff. Array types and the row types of tables come
--- with what they belong to; an extension's types are the extension's.
+-- kind as a comment naming it, so that it still shows in a diff. Array types and the row types
+-- of tables come with what they belong to; an extension's types are the extension's.
 SELECT t.typname AS name,
        CASE t.typtype
            WHEN 'e' THEN 'CREATE TYPE ' || quote_ident(t.typname) || ' AS ENUM ('
@@ -920,7 +920,8 @@ SELECT p.proname || '(' || pg_get_function_identity_arguments(p.oid) || ')' AS n
        CASE WHEN p.prokind = 'a'
             THEN '-- aggregate ' || quote_ident(p.proname)
                  || '(' || pg_get_function_identity_arguments(p.oid) || ')'
-            ELSE 'CREATE OR REPLACE ' || CASE p.prokind WHEN 'p' THEN 'PROCEDURE ' ELSE 'FUNCTION ' END
+            ELSE 'CREATE OR REPLACE '
+                 || CASE p.prokind WHEN 'p' THEN 'PROCEDURE ' ELSE 'FUNCTION ' END
                  || quote_ident(p.proname) || '(' || pg_get_function_arguments(p.oid) || ')'
                  || rtrim(replace(substr(f.def, strpos(f.def, E'\n')),
                                   E'\n SET search_path TO ''' || replace(n.nspname, '''', '''''')
