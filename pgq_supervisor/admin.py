@@ -1,5 +1,5 @@
 """Administrative commands: status, depth, jobs, show, retry, cancel, purge, schedules, pause,
-resume, workers.
+resume, workers, dashboard-indexes, schema-dump.
 
 Readable tables by default, one JSON document on stdout with `--json` (for scripts). Errors are
 raised as the package's own exceptions and cli.main prints each as one line:
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TypeVar
 
-from pgq_supervisor import admin_schedules, admin_workers, db
+from pgq_supervisor import admin_schedules, admin_schema, admin_workers, db
 from pgq_supervisor.admin_control import (
     cmd_pause,
     cmd_resume,
@@ -41,7 +41,7 @@ from pgq_supervisor.settings import Settings, parse_duration
 
 COMMANDS: tuple[str, ...] = (
     "status", "depth", "jobs", "show", "retry", "cancel", "purge", "schedules", "pause",
-    "resume", "workers", "dashboard-indexes",
+    "resume", "workers", "dashboard-indexes", "schema-dump",
 )  # fmt: skip
 
 Parser = TypeVar("Parser", bound=argparse.ArgumentParser)
@@ -111,6 +111,7 @@ def add_commands(sub: argparse._SubParsersAction[Parser], common: Parser) -> Non
     p.set_defaults(handler=cmd_resume)
 
     admin_workers.add_command(sub, parents)
+    admin_schema.add_command(sub, [common])  # text only: no --json
 
 
 # ---- argument types: argparse turns their errors into a usage error (exit 2) ----

@@ -2,7 +2,13 @@
 
 Migrations live in `schema/NNNN_name.sql` at the top of the source tree and ship inside the
 wheel as `pgq_supervisor/schema/`. Each runs with `search_path` set to the target schema, so
-the files hold no schema name; identifiers are composed with psycopg.sql.
+the files hold no schema name; identifiers are composed with psycopg.sql. Only the version
+numbers are recorded (no checksum): an applied file is never read again.
+
+Adding a migration: the next free number; names unqualified, functions with `SET search_path
+FROM CURRENT`; never change a released file (databases that applied it keep the old one). Then
+run `scripts/dump-schema` and commit the regenerated `schema/current.sql` with it:
+tests/integration/test_schema_dump.py fails until then.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
--- pgq_supervisor schema, version 6: jobs that run after other jobs (issue 13, dependencies).
+-- pgq_supervisor schema, version 5: jobs that run after other jobs (issue 13, dependencies).
 --
 -- A dependent job is inserted pending with waiting_on = the number of its dependencies not yet
 -- met, and only waiting_on = 0 jobs are in job_claim_idx: a waiting job is never visited by a

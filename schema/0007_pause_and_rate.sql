@@ -1,4 +1,4 @@
--- pgq_supervisor schema, version 8: pausing a job type, and limiting its rate of starts.
+-- pgq_supervisor schema, version 7: pausing a job type, and limiting its rate of starts.
 -- Both are enforced in the claim, by the database, whatever the number of supervisors.
 --
 -- The claim statements call claim_pick; from here on it is a gate in front of the row picking:

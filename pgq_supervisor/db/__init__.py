@@ -5,7 +5,8 @@ connection). psycopg errors are wrapped once, here, into `DatabaseError`. By con
 `connection` (connecting, error mapping), `enqueueing`, `lifecycle` (the worker's side and the
 rescue), `admin`, `control` (pauses and rates), `watching` (waiters and progress), `schedules`
 (periodic jobs), `supervisors` (registered supervisors), `dashboard` (the web dashboard's
-reads); `params` and `rows` type what goes in and what comes out.
+reads), `catalog` (the schema read back, for schema-dump); `params` and `rows` type what goes
+in and what comes out.
 """
 
 from pgq_supervisor.db.admin import (
@@ -22,6 +23,7 @@ from pgq_supervisor.db.admin import (
     retry_failed,
     summary_by_origin,
 )
+from pgq_supervisor.db.catalog import SchemaObject, SchemaObjects, schema_objects
 from pgq_supervisor.db.connection import (
     DEFAULT_SCHEMA,
     PREPARE_THRESHOLD,
@@ -111,6 +113,8 @@ __all__ = [
     "CancelResult",
     "ClaimArgs",
     "Conn",
+    "SchemaObject",
+    "SchemaObjects",
     "TypeControl",
     "TypeLimit",
     "asynchronous_commit_sql",
@@ -169,6 +173,7 @@ __all__ = [
     "resume",
     "retry_failed",
     "schedule_states",
+    "schema_objects",
     "set_progress",
     "succeed",
     "succeed_and_claim",

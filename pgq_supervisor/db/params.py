@@ -362,6 +362,10 @@ class MinutesParams(TypedDict):
     minutes: int
 
 
+class SchemaNameParams(TypedDict):
+    schema: str
+
+
 PARAMS: dict[str, type] = {
     "enqueue": EnqueueRow,
     "enqueue_unique": EnqueueRow,
@@ -422,4 +426,13 @@ PARAMS: dict[str, type] = {
     "delete_job": IdParams,
     "dashboard_index_created": NoParams,
     "dashboard_index_type_created": NoParams,
+    "schema_dump_search_path": NoParams,
+    "schema_dump_version": NoParams,
+    "schema_dump_types": SchemaNameParams,
+    "schema_dump_sequences": SchemaNameParams,
+    "schema_dump_tables": SchemaNameParams,
+    "schema_dump_indexes": SchemaNameParams,
+    "schema_dump_triggers": SchemaNameParams,
+    "schema_dump_views": SchemaNameParams,
+    "schema_dump_functions": SchemaNameParams,
 }

@@ -768,3 +768,191 @@ CREATE INDEX CONCURRENTLY IF NOT EXISTS job_type_created_idx ON {schema}.job (ty
 DELETE FROM {schema}.job
 WHERE id = %(id)s AND state IN ('succeeded', 'failed', 'cancelled')
 RETURNING id
+
+-- ---- schema-dump (admin_schema.py): the schema read back from the catalogs ----------------
+-- Each schema_dump_* block but the first two returns (name, definition): one complete
+-- statement per object, ordered by name in the "C" collation (the default collations of
+-- servers differ, e.g. on where "_" sorts). They run after schema_dump_search_path, so the
+-- pg_get_*def functions print the schema's own names unqualified, as the migrations write them.
+
+-- name: schema_dump_search_path
+SET LOCAL search_path TO {schema}, pg_catalog
+
+-- name: schema_dump_version
+-- The newest migration applied, as its file is named (0013_stripe_choice).
+SELECT lpad(version::text, 4, '0') || '_' || name
+FROM {schema}.schema_version
+ORDER BY version DESC
+LIMIT 1
+
+-- name: schema_dump_types
+-- Enums (labels in their order), domains, composite types and ranges (their subtype); any other
+-- kind as a comment naming it, so that it still shows in a diff. Array types and the row types
+-- of tables come with what they belong to; an extension's types are the extension's.
+SELECT t.typname AS name,
+       CASE t.typtype
+           WHEN 'e' THEN 'CREATE TYPE ' || quote_ident(t.typname) || ' AS ENUM ('
+                || coalesce((SELECT string_agg(quote_literal(e.enumlabel), ', '
+                                               ORDER BY e.enumsortorder)
+                             FROM pg_enum e WHERE e.enumtypid = t.oid), '') || ');'
+           WHEN 'd' THEN 'CREATE DOMAIN ' || quote_ident(t.typname) || ' AS '
+                || format_type(t.typbasetype, t.typtypmod)
+                || coalesce(' DEFAULT ' || pg_get_expr(t.typdefaultbin, 0), '')
+                || CASE WHEN t.typnotnull THEN ' NOT NULL' ELSE '' END
+                || coalesce((SELECT string_agg(' CONSTRAINT ' || quote_ident(o.conname) || ' '
+                                               || pg_get_constraintdef(o.oid, true),
+                                               '' ORDER BY o.conname COLLATE "C")
+                             FROM pg_constraint o
+                             WHERE o.contypid = t.oid AND o.contype <> 'n'), '') || ';'
+           WHEN 'c' THEN 'CREATE TYPE ' || quote_ident(t.typname) || ' AS ('
+                || coalesce((SELECT string_agg(quote_ident(a.attname) || ' '
+                                               || format_type(a.atttypid, a.atttypmod),
+                                               ', ' ORDER BY a.attnum)
+                             FROM pg_attribute a
+                             WHERE a.attrelid = t.typrelid AND a.attnum > 0
+                               AND NOT a.attisdropped), '') || ');'
+           WHEN 'r' THEN 'CREATE TYPE ' || quote_ident(t.typname) || ' AS RANGE (SUBTYPE = '
+                || (SELECT format_type(r.rngsubtype, NULL) FROM pg_range r
+                    WHERE r.rngtypid = t.oid) || ');'
+           ELSE '-- type ' || quote_ident(t.typname) || ' (typtype ' || t.typtype::text || ')'
+       END AS definition
+FROM pg_type t
+JOIN pg_namespace n ON n.oid = t.typnamespace
+LEFT JOIN pg_class c ON c.oid = t.typrelid
+WHERE n.nspname = %(schema)s
+  AND t.typcategory <> 'A' AND t.typtype <> 'm'  -- arrays; a range's multirange
+  AND (c.relkind IS NULL OR c.relkind = 'c')
+  AND NOT EXISTS (SELECT FROM pg_depend d WHERE d.classid = 'pg_type'::regclass
+                  AND d.objid = t.oid AND d.deptype = 'e')
+ORDER BY t.typname COLLATE "C"
+
+-- name: schema_dump_sequences
+-- Sequences, but those of identity columns (shown on their column).
+SELECT c.relname AS name,
+       'CREATE SEQUENCE ' || quote_ident(c.relname) || ' AS ' || format_type(s.seqtypid, NULL)
+       || ' INCREMENT BY ' || s.seqincrement || ' MINVALUE ' || s.seqmin
+       || ' MAXVALUE ' || s.seqmax || ' START WITH ' || s.seqstart || ' CACHE ' || s.seqcache
+       || CASE WHEN s.seqcycle THEN ' CYCLE' ELSE '' END || ';' AS definition
+FROM pg_sequence s
+JOIN pg_class c ON c.oid = s.seqrelid
+JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = %(schema)s
+  AND NOT EXISTS (SELECT FROM pg_depend d WHERE d.classid = 'pg_class'::regclass
+                  AND d.objid = c.oid AND d.deptype = 'i')
+ORDER BY c.relname COLLATE "C"
+
+-- name: schema_dump_tables
+-- Each table: its columns in their order (type, collation when not the type's, identity or
+-- generation, default, NOT NULL), then its constraints by kind (primary key, unique, foreign
+-- key, check, exclusion) and name, then its storage options. PostgreSQL 18 also keeps each
+-- NOT NULL as a constraint (contype 'n'); 15 does not: they are shown on their columns only.
+SELECT c.relname AS name,
+       'CREATE ' || CASE c.relpersistence WHEN 'u' THEN 'UNLOGGED ' ELSE '' END
+       || 'TABLE ' || quote_ident(c.relname) || E' (\n'
+       || coalesce((SELECT string_agg('    ' || l.line, E',\n'
+                                      ORDER BY l.part, l.ord, l.name COLLATE "C")
+                    FROM (SELECT 1 AS part, a.attnum::int AS ord, ''::text AS name,
+                                 rpad(quote_ident(a.attname),
+                                      max(length(quote_ident(a.attname))) OVER ())
+                                 || ' ' || format_type(a.atttypid, a.atttypmod)
+                                 || CASE WHEN a.attcollation <> t.typcollation
+                                         THEN ' COLLATE ' || a.attcollation::regcollation::text
+                                         ELSE '' END
+                                 || CASE a.attidentity
+                                        WHEN 'a' THEN ' GENERATED ALWAYS AS IDENTITY'
+                                        WHEN 'd' THEN ' GENERATED BY DEFAULT AS IDENTITY'
+                                        ELSE '' END
+                                 || CASE WHEN a.attgenerated <> ''
+                                         THEN ' GENERATED ALWAYS AS ('
+                                              || pg_get_expr(d.adbin, d.adrelid) || ')'
+                                              || CASE a.attgenerated WHEN 's' THEN ' STORED'
+                                                                     ELSE ' VIRTUAL' END
+                                         ELSE coalesce(' DEFAULT '
+                                                       || pg_get_expr(d.adbin, d.adrelid), '')
+                                    END
+                                 || CASE WHEN a.attnotnull THEN ' NOT NULL' ELSE '' END AS line
+                          FROM pg_attribute a
+                          JOIN pg_type t ON t.oid = a.atttypid
+                          LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+                          WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+                          UNION ALL
+                          SELECT 2, CASE o.contype WHEN 'p' THEN 1 WHEN 'u' THEN 2 WHEN 'f' THEN 3
+                                                   WHEN 'c' THEN 4 ELSE 5 END,
+                                 o.conname::text,
+                                 'CONSTRAINT ' || quote_ident(o.conname) || ' '
+                                 || pg_get_constraintdef(o.oid, true)
+                          FROM pg_constraint o
+                          WHERE o.conrelid = c.oid AND o.contype <> 'n') l), '')
+       || E'\n)'
+       || CASE WHEN c.relkind = 'p' THEN ' PARTITION BY ' || pg_get_partkeydef(c.oid) ELSE '' END
+       || coalesce(E'\nWITH (' || array_to_string(c.reloptions, ', ') || ')', '') || ';'
+       AS definition
+FROM pg_class c
+JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = %(schema)s AND c.relkind IN ('r', 'p')
+ORDER BY c.relname COLLATE "C"
+
+-- name: schema_dump_indexes
+-- Indexes by table, then name, but those of primary key, unique and exclusion constraints
+-- (the table shows the constraint). An index a failed CREATE INDEX CONCURRENTLY left
+-- behind is marked.
+SELECT i.relname AS name,
+       pg_get_indexdef(i.oid, 0, true) || ';'
+       || CASE WHEN x.indisvalid THEN '' ELSE '  -- INVALID' END AS definition
+FROM pg_index x
+JOIN pg_class i ON i.oid = x.indexrelid
+JOIN pg_class t ON t.oid = x.indrelid
+JOIN pg_namespace n ON n.oid = i.relnamespace
+WHERE n.nspname = %(schema)s
+  AND NOT EXISTS (SELECT FROM pg_constraint o WHERE o.conrelid = x.indrelid
+                  AND o.conindid = x.indexrelid AND o.contype IN ('p', 'u', 'x'))
+ORDER BY t.relname COLLATE "C", i.relname COLLATE "C"
+
+-- name: schema_dump_triggers
+-- Triggers by table, then name (not the internal ones that enforce foreign keys).
+SELECT g.tgname AS name, pg_get_triggerdef(g.oid, true) || ';' AS definition
+FROM pg_trigger g
+JOIN pg_class t ON t.oid = g.tgrelid
+JOIN pg_namespace n ON n.oid = t.relnamespace
+WHERE n.nspname = %(schema)s AND NOT g.tgisinternal
+ORDER BY t.relname COLLATE "C", g.tgname COLLATE "C"
+
+-- name: schema_dump_views
+-- Views and materialized views. pg_get_viewdef is the one printer whose text changed between
+-- the versions the suite runs on: from 16 on, a view over one table no longer qualifies its
+-- columns (15: "SELECT extra.n", 18: "SELECT n"). The schema has no view; one added would make
+-- the dump differ between server versions, unless normalised here then.
+SELECT c.relname AS name,
+       'CREATE ' || CASE c.relkind WHEN 'm' THEN 'MATERIALIZED ' ELSE '' END || 'VIEW '
+       || quote_ident(c.relname) || E' AS\n' || pg_get_viewdef(c.oid, true) AS definition
+FROM pg_class c
+JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = %(schema)s AND c.relkind IN ('v', 'm')
+ORDER BY c.relname COLLATE "C"
+
+-- name: schema_dump_functions
+-- Every function as pg_get_functiondef prints it, by name and arguments, but for two lines that
+-- would name the schema: the first, rebuilt with the name unqualified (pg_get_functiondef
+-- always qualifies it), and the search_path a migration's function captured (SET search_path
+-- FROM CURRENT: the schema, then pg_catalog), written back as the migrations write it.
+-- Aggregates have no such definition: a comment names them. Not shown: an extension's
+-- functions, and those a type made for itself (a range's constructors).
+SELECT p.proname || '(' || pg_get_function_identity_arguments(p.oid) || ')' AS name,
+       CASE WHEN p.prokind = 'a'
+            THEN '-- aggregate ' || quote_ident(p.proname)
+                 || '(' || pg_get_function_identity_arguments(p.oid) || ')'
+            ELSE 'CREATE OR REPLACE '
+                 || CASE p.prokind WHEN 'p' THEN 'PROCEDURE ' ELSE 'FUNCTION ' END
+                 || quote_ident(p.proname) || '(' || pg_get_function_arguments(p.oid) || ')'
+                 || rtrim(replace(substr(f.def, strpos(f.def, E'\n')),
+                                  E'\n SET search_path TO ''' || replace(n.nspname, '''', '''''')
+                                  || E''', ''pg_catalog''\n',
+                                  E'\n SET search_path FROM CURRENT\n'), E'\n') || ';'
+       END AS definition
+FROM pg_proc p
+JOIN pg_namespace n ON n.oid = p.pronamespace
+CROSS JOIN LATERAL (SELECT CASE WHEN p.prokind <> 'a' THEN pg_get_functiondef(p.oid) END AS def) f
+WHERE n.nspname = %(schema)s
+  AND NOT EXISTS (SELECT FROM pg_depend d WHERE d.classid = 'pg_proc'::regclass
+                  AND d.objid = p.oid AND d.deptype IN ('e', 'i'))
+ORDER BY p.proname COLLATE "C", pg_get_function_identity_arguments(p.oid) COLLATE "C"
