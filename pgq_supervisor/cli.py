@@ -12,7 +12,7 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from setproctitle import getproctitle
 
@@ -24,6 +24,9 @@ from pgq_supervisor.jobs import NewJob
 from pgq_supervisor.logs import setup_logging
 from pgq_supervisor.registry import load_registry
 from pgq_supervisor.settings import Settings, load_settings, parse_duration
+
+if TYPE_CHECKING:
+    from pgq_supervisor.web import Authorize  # the web extra is optional: imported when used
 
 log = logging.getLogger("pgq_supervisor")
 
@@ -104,6 +107,12 @@ def build_parser() -> argparse.ArgumentParser:
     dash.add_argument("--host", default="127.0.0.1", help="address to listen on")
     dash.add_argument("--port", type=int, default=8080, help="port (default 8080)")
     dash.add_argument("--read-only", action="store_true", help="show no action, refuse all")
+    dash.add_argument(
+        "--allow-unauthenticated-actions",
+        action="store_true",
+        help="let anyone who can reach it act (retry, cancel, delete, pause); without it,"
+        " actions need PGQ_DASHBOARD_USER and PGQ_DASHBOARD_PASSWORD (HTTP Basic)",
+    )
     dash.set_defaults(handler=cmd_dashboard)
 
     admin.add_commands(sub, common)
@@ -246,6 +255,23 @@ def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     return run_demo(dsn, settings, jobs=args.jobs, procs=args.procs)
 
 
+def _dashboard_auth(settings: Settings) -> Authorize | None:
+    """HTTP Basic from PGQ_DASHBOARD_USER and PGQ_DASHBOARD_PASSWORD (both, or neither)."""
+    from pgq_supervisor.web import basic_auth
+
+    user = settings.dashboard_user
+    password = settings.dashboard_password.get_secret_value() if settings.dashboard_password else ""
+    if not user and not password:
+        return None
+    if not user or not password:
+        missing = "dashboard_password" if user else "dashboard_user"
+        raise ConfigError(
+            f"invalid setting {missing}: PGQ_DASHBOARD_USER and PGQ_DASHBOARD_PASSWORD go"
+            " together (HTTP Basic for the dashboard's pages and actions)"
+        )
+    return basic_auth(user, password)
+
+
 def cmd_dashboard(args: argparse.Namespace, settings: Settings) -> int:
     """Serve pgq_supervisor.web on host:port until SIGINT/SIGTERM (uvicorn's handling)."""
     import os
@@ -267,15 +293,29 @@ def cmd_dashboard(args: argparse.Namespace, settings: Settings) -> int:
     except OSError as exc:
         why = os.strerror(exc.errno) if exc.errno else str(exc)
         raise ConfigError(f"cannot listen on {args.host}:{args.port}: {why}") from None
+    authorize = _dashboard_auth(settings)
     dsn, conn = open_db(settings)  # reachable and migrated, else one line and exit
     conn.close()
     app = create_app(
         dsn,
+        authorize=authorize,
         read_only=args.read_only,
+        allow_unauthenticated_actions=args.allow_unauthenticated_actions,
         schema=settings.db_schema,
         stale_after=3 * settings.heartbeat_interval,
     )
-    print(f"dashboard on http://{args.host}:{args.port}/", flush=True)
+    if args.read_only:
+        how = "read-only"
+    elif authorize is not None:
+        how = f"HTTP Basic, user {settings.dashboard_user}"
+    elif args.allow_unauthenticated_actions:
+        how = "actions open to anyone"
+    else:
+        how = (
+            "read-only: set PGQ_DASHBOARD_USER and PGQ_DASHBOARD_PASSWORD, or pass"
+            " --allow-unauthenticated-actions, to act"
+        )
+    print(f"dashboard on http://{args.host}:{args.port}/ ({how})", flush=True)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     finally:

@@ -10,7 +10,14 @@ from typing import Any, Literal, Self, cast
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
-from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AliasChoices,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from pgq_supervisor.errors import ConfigError, InvalidInput
@@ -73,6 +80,12 @@ class Settings(BaseSettings):
     )
     summary_interval: float = Field(
         10.0, gt=0, description="seconds between INFO summaries of the jobs that ended"
+    )
+    dashboard_user: str | None = Field(
+        None, description="the dashboard command's HTTP Basic user (with dashboard_password)"
+    )
+    dashboard_password: SecretStr | None = Field(
+        None, description="the dashboard command's HTTP Basic password (env or .env only)"
     )
     log_format: Literal["text", "json"] = "text"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
