@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -22,6 +23,7 @@ from pgq_supervisor.connect import open_db, resolve_dsn
 from pgq_supervisor.errors import AppLoadError, ConfigError, ExitCode, InvalidInput, PgqError
 from pgq_supervisor.jobs import NewJob
 from pgq_supervisor.logs import setup_logging
+from pgq_supervisor.redaction import hide_password
 from pgq_supervisor.registry import load_registry
 from pgq_supervisor.settings import Settings, load_settings, parse_duration
 
@@ -134,25 +136,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         if k in Settings.model_fields or k == "db_schema"
         if args.command == "run" or k in ("dsn", "db_schema", "log_level", "log_format")
     }
+    # every DSN the command may have been given, whose password no error line may show
+    dsns = [flags.get("dsn"), flags.get("listen_dsn")]
+    dsns += [os.environ.get("PGQ_DSN"), os.environ.get("PGQ_LISTEN_DSN")]
     try:
         settings = load_settings(**flags)
+        dsns += [settings.dsn, settings.listen_dsn]
         setup_logging(settings.log_level, settings.log_format)
         handler: Handler = args.handler
         return handler(args, settings)
-    except ConfigError as exc:
-        return _fail(ExitCode.USAGE, str(exc))
+    except (ConfigError, InvalidInput) as exc:
+        return _fail(ExitCode.USAGE, str(exc), dsns)
     except AppLoadError as exc:
-        return _fail(ExitCode.APP_LOAD, str(exc))
-    except InvalidInput as exc:
-        return _fail(ExitCode.USAGE, str(exc))
+        return _fail(ExitCode.APP_LOAD, str(exc), dsns)
     except PgqError as exc:
-        return _fail(ExitCode.FAILURE, str(exc))
+        return _fail(ExitCode.FAILURE, str(exc), dsns)
     except KeyboardInterrupt:
         return ExitCode.INTERRUPTED
 
 
-def _fail(code: ExitCode, message: str) -> int:
-    print(f"error: {message.splitlines()[0] if message else 'failed'}", file=sys.stderr)
+def _fail(code: ExitCode, message: str, dsns: Sequence[object]) -> int:
+    line = message.splitlines()[0] if message else "failed"
+    line = hide_password(line, *(d for d in dsns if isinstance(d, str)))
+    print(f"error: {line}", file=sys.stderr)
     return int(code)
 
 
@@ -166,7 +172,7 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     unknown = sorted(set(settings.types or ()) - set(registry.types))
     if unknown:
         raise ConfigError(f"invalid setting types: no handler for {', '.join(unknown)}")
-    dsn, conn = open_db(settings)
+    dsn, conn = open_db(settings, wait=True)
     with conn:
         # before any child claims: rates and limits are enforced from the rows written here
         served = settings.types or registry.types
@@ -250,7 +256,7 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     from pgq_supervisor.demo import run_demo
 
-    dsn, conn = open_db(settings, migrate=True)
+    dsn, conn = open_db(settings, migrate=True, wait=True)
     conn.close()
     return run_demo(dsn, settings, jobs=args.jobs, procs=args.procs)
 
@@ -274,7 +280,6 @@ def _dashboard_auth(settings: Settings) -> Authorize | None:
 
 def cmd_dashboard(args: argparse.Namespace, settings: Settings) -> int:
     """Serve pgq_supervisor.web on host:port until SIGINT/SIGTERM (uvicorn's handling)."""
-    import os
     import socket
 
     try:
@@ -294,7 +299,7 @@ def cmd_dashboard(args: argparse.Namespace, settings: Settings) -> int:
         why = os.strerror(exc.errno) if exc.errno else str(exc)
         raise ConfigError(f"cannot listen on {args.host}:{args.port}: {why}") from None
     authorize = _dashboard_auth(settings)
-    dsn, conn = open_db(settings)  # reachable and migrated, else one line and exit
+    dsn, conn = open_db(settings, wait=True)  # reachable and migrated, else one line and exit
     conn.close()
     app = create_app(
         dsn,

@@ -21,6 +21,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from pgq_supervisor.errors import ConfigError, InvalidInput
+from pgq_supervisor.redaction import hide_password
 
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
@@ -124,7 +125,8 @@ class Settings(BaseSettings):
             try:
                 conninfo_to_dict(value)
             except psycopg.ProgrammingError as exc:
-                raise ValueError(str(exc).strip().splitlines()[0]) from None
+                # libpq quotes the token it rejects, which may be (part of) the password
+                raise ValueError(hide_password(str(exc).strip().splitlines()[0], value)) from None
         return value
 
     @field_validator("retain_succeeded", "retain_failed", mode="before")
