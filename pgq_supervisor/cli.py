@@ -148,6 +148,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, InvalidInput) as exc:
         return _fail(ExitCode.USAGE, str(exc), dsns)
     except AppLoadError as exc:
+        # the whole traceback at --log-level debug, before the one line said either way
+        log.debug("the app failed to load", exc_info=exc.__cause__ or exc)
         return _fail(ExitCode.APP_LOAD, str(exc), dsns)
     except PgqError as exc:
         return _fail(ExitCode.FAILURE, str(exc), dsns)
