@@ -231,6 +231,8 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
         payload = json.loads(args.payload)
     except json.JSONDecodeError as exc:
         raise InvalidInput(f"payload is not valid JSON: {exc.msg} at column {exc.colno}") from None
+    except RecursionError:
+        raise InvalidInput("payload is nested too deeply to decode as JSON") from None
     if not isinstance(payload, dict):
         raise InvalidInput(f"payload must be a JSON object, got {type(payload).__name__}")
     delay = parse_duration(args.start_in) if args.start_in else None
