@@ -44,6 +44,7 @@ def open_db(
     is behind (the embedded server, or `migrate=True`, migrates it instead).
     """
     dsn, embedded = resolve_dsn(settings)
+    wait = wait or embedded  # a server this process has just started may still be coming up
     conn = db.connect_at_startup(
         dsn,
         settings.connect_timeout if wait else 0,
