@@ -9,10 +9,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from setproctitle import getproctitle
 
@@ -22,8 +23,12 @@ from pgq_supervisor.connect import open_db, resolve_dsn
 from pgq_supervisor.errors import AppLoadError, ConfigError, ExitCode, InvalidInput, PgqError
 from pgq_supervisor.jobs import NewJob
 from pgq_supervisor.logs import setup_logging
+from pgq_supervisor.redaction import hide_password
 from pgq_supervisor.registry import load_registry
 from pgq_supervisor.settings import Settings, load_settings, parse_duration
+
+if TYPE_CHECKING:
+    from pgq_supervisor.web import Authorize  # the web extra is optional: imported when used
 
 log = logging.getLogger("pgq_supervisor")
 
@@ -104,6 +109,12 @@ def build_parser() -> argparse.ArgumentParser:
     dash.add_argument("--host", default="127.0.0.1", help="address to listen on")
     dash.add_argument("--port", type=int, default=8080, help="port (default 8080)")
     dash.add_argument("--read-only", action="store_true", help="show no action, refuse all")
+    dash.add_argument(
+        "--allow-unauthenticated-actions",
+        action="store_true",
+        help="let anyone who can reach it act (retry, cancel, delete, pause); without it,"
+        " actions need PGQ_DASHBOARD_USER and PGQ_DASHBOARD_PASSWORD (HTTP Basic)",
+    )
     dash.set_defaults(handler=cmd_dashboard)
 
     admin.add_commands(sub, common)
@@ -125,25 +136,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         if k in Settings.model_fields or k == "db_schema"
         if args.command == "run" or k in ("dsn", "db_schema", "log_level", "log_format")
     }
+    # every DSN the command may have been given, whose password no error line may show
+    dsns = [flags.get("dsn"), flags.get("listen_dsn")]
+    dsns += [os.environ.get("PGQ_DSN"), os.environ.get("PGQ_LISTEN_DSN")]
     try:
         settings = load_settings(**flags)
+        dsns += [settings.dsn, settings.listen_dsn]
         setup_logging(settings.log_level, settings.log_format)
         handler: Handler = args.handler
         return handler(args, settings)
-    except ConfigError as exc:
-        return _fail(ExitCode.USAGE, str(exc))
+    except (ConfigError, InvalidInput) as exc:
+        return _fail(ExitCode.USAGE, str(exc), dsns)
     except AppLoadError as exc:
-        return _fail(ExitCode.APP_LOAD, str(exc))
-    except InvalidInput as exc:
-        return _fail(ExitCode.USAGE, str(exc))
+        # the whole traceback at --log-level debug, before the one line said either way
+        log.debug("the app failed to load", exc_info=exc.__cause__ or exc)
+        return _fail(ExitCode.APP_LOAD, str(exc), dsns)
     except PgqError as exc:
-        return _fail(ExitCode.FAILURE, str(exc))
+        return _fail(ExitCode.FAILURE, str(exc), dsns)
     except KeyboardInterrupt:
         return ExitCode.INTERRUPTED
 
 
-def _fail(code: ExitCode, message: str) -> int:
-    print(f"error: {message.splitlines()[0] if message else 'failed'}", file=sys.stderr)
+def _fail(code: ExitCode, message: str, dsns: Sequence[object]) -> int:
+    line = message.splitlines()[0] if message else "failed"
+    line = hide_password(line, *(d for d in dsns if isinstance(d, str)))
+    print(f"error: {line}", file=sys.stderr)
     return int(code)
 
 
@@ -157,7 +174,7 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     unknown = sorted(set(settings.types or ()) - set(registry.types))
     if unknown:
         raise ConfigError(f"invalid setting types: no handler for {', '.join(unknown)}")
-    dsn, conn = open_db(settings)
+    dsn, conn = open_db(settings, wait=True)
     with conn:
         # before any child claims: rates and limits are enforced from the rows written here
         served = settings.types or registry.types
@@ -214,6 +231,8 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
         payload = json.loads(args.payload)
     except json.JSONDecodeError as exc:
         raise InvalidInput(f"payload is not valid JSON: {exc.msg} at column {exc.colno}") from None
+    except RecursionError:
+        raise InvalidInput("payload is nested too deeply to decode as JSON") from None
     if not isinstance(payload, dict):
         raise InvalidInput(f"payload must be a JSON object, got {type(payload).__name__}")
     delay = parse_duration(args.start_in) if args.start_in else None
@@ -241,14 +260,30 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     from pgq_supervisor.demo import run_demo
 
-    dsn, conn = open_db(settings, migrate=True)
+    dsn, conn = open_db(settings, migrate=True, wait=True)
     conn.close()
     return run_demo(dsn, settings, jobs=args.jobs, procs=args.procs)
 
 
+def _dashboard_auth(settings: Settings) -> Authorize | None:
+    """HTTP Basic from PGQ_DASHBOARD_USER and PGQ_DASHBOARD_PASSWORD (both, or neither)."""
+    from pgq_supervisor.web import basic_auth
+
+    user = settings.dashboard_user
+    password = settings.dashboard_password.get_secret_value() if settings.dashboard_password else ""
+    if not user and not password:
+        return None
+    if not user or not password:
+        missing = "dashboard_password" if user else "dashboard_user"
+        raise ConfigError(
+            f"invalid setting {missing}: PGQ_DASHBOARD_USER and PGQ_DASHBOARD_PASSWORD go"
+            " together (HTTP Basic for the dashboard's pages and actions)"
+        )
+    return basic_auth(user, password)
+
+
 def cmd_dashboard(args: argparse.Namespace, settings: Settings) -> int:
     """Serve pgq_supervisor.web on host:port until SIGINT/SIGTERM (uvicorn's handling)."""
-    import os
     import socket
 
     try:
@@ -267,15 +302,29 @@ def cmd_dashboard(args: argparse.Namespace, settings: Settings) -> int:
     except OSError as exc:
         why = os.strerror(exc.errno) if exc.errno else str(exc)
         raise ConfigError(f"cannot listen on {args.host}:{args.port}: {why}") from None
-    dsn, conn = open_db(settings)  # reachable and migrated, else one line and exit
+    authorize = _dashboard_auth(settings)
+    dsn, conn = open_db(settings, wait=True)  # reachable and migrated, else one line and exit
     conn.close()
     app = create_app(
         dsn,
+        authorize=authorize,
         read_only=args.read_only,
+        allow_unauthenticated_actions=args.allow_unauthenticated_actions,
         schema=settings.db_schema,
         stale_after=3 * settings.heartbeat_interval,
     )
-    print(f"dashboard on http://{args.host}:{args.port}/", flush=True)
+    if args.read_only:
+        how = "read-only"
+    elif authorize is not None:
+        how = f"HTTP Basic, user {settings.dashboard_user}"
+    elif args.allow_unauthenticated_actions:
+        how = "actions open to anyone"
+    else:
+        how = (
+            "read-only: set PGQ_DASHBOARD_USER and PGQ_DASHBOARD_PASSWORD, or pass"
+            " --allow-unauthenticated-actions, to act"
+        )
+    print(f"dashboard on http://{args.host}:{args.port}/ ({how})", flush=True)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     finally:

@@ -24,6 +24,7 @@ from pgq_supervisor.jobs import (
     JsonValue,
     NewJob,
     TypeStats,
+    check_duration,
     check_type_name,
 )
 from pgq_supervisor.waiting import wait, wait_async
@@ -255,8 +256,10 @@ def delete_finished(
 ) -> int:
     """Delete jobs that finished more than `older_than` ago; bundle counters stay true."""
     seconds = older_than.total_seconds() if isinstance(older_than, timedelta) else older_than
-    if seconds < 0:
-        raise InvalidInput(f"older_than must be >= 0, got {seconds}")
+    try:
+        check_duration(seconds)
+    except ValueError as exc:
+        raise InvalidInput(f"older_than {exc}") from None
     bad = [s for s in states if s not in TERMINAL_STATES]
     if bad:
         raise InvalidInput(f"only finished jobs can be purged, not {bad[0].value}")

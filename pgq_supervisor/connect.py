@@ -26,15 +26,30 @@ def resolve_dsn(settings: Settings) -> tuple[str, bool]:
     return dsn, True
 
 
-def open_db(settings: Settings, *, migrate: bool = False) -> tuple[str, db.Conn]:
-    """Connect (autocommit, waiting up to connect_timeout) and check the schema is migrated.
+# An admin command's one attempt, for a host that does not answer (libpq's least value)
+FAIL_FAST_TIMEOUT = 2
+
+
+def open_db(
+    settings: Settings, *, migrate: bool = False, wait: bool = False
+) -> tuple[str, db.Conn]:
+    """Connect (autocommit) and check the schema is migrated.
+
+    `wait`: retry a database not reachable yet for up to connect_timeout, as a process that
+    starts beside it does (`run`, `dashboard`, `demo`: SPEC §6). Without it, one attempt that
+    gives up after FAIL_FAST_TIMEOUT seconds: an admin command or `enqueue` run by a person or
+    a script should say at once that the database is down, not after 15 s.
 
     Raises DatabaseUnavailable when the server cannot be reached, PgqError when the schema
     is behind (the embedded server, or `migrate=True`, migrates it instead).
     """
     dsn, embedded = resolve_dsn(settings)
+    wait = wait or embedded  # a server this process has just started may still be coming up
     conn = db.connect_at_startup(
-        dsn, settings.connect_timeout, prepare_threshold=settings.prepare_threshold
+        dsn,
+        settings.connect_timeout if wait else 0,
+        prepare_threshold=settings.prepare_threshold,
+        attempt_timeout=5 if wait else FAIL_FAST_TIMEOUT,
     )
     try:
         if migrate or embedded:

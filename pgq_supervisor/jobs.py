@@ -61,6 +61,21 @@ class OutcomeKind(enum.StrEnum):
     LOST = "lost"  # the lease was lost: another worker owns the job, nothing was written
 
 
+# The longest duration taken anywhere (a start delay, a retention, a purge, a setting): a
+# century. Past it a start time passes datetime's year 9999, and what was meant was surely
+# something else (1e12 is milliseconds read as seconds).
+MAX_DURATION = 100 * 365 * 86_400.0
+
+
+def check_duration(seconds: float) -> float:
+    """`seconds` if it is a number from 0 to MAX_DURATION (100 years), else ValueError."""
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+        raise ValueError(f"must be a number of seconds, got {seconds!r}")
+    if not 0 <= seconds <= MAX_DURATION:  # nan compares false: refused too
+        raise ValueError(f"must be from 0 to 100 years ({MAX_DURATION:.0f} s), got {seconds:g}")
+    return float(seconds)
+
+
 def check_type_name(type_: str) -> str:
     """Return `type_` if it is a valid job type name (1..100 chars, no whitespace), else raise."""
     if not isinstance(type_, str) or not _TYPE_RE.match(type_):

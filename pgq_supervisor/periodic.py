@@ -20,7 +20,6 @@ enqueued, or the `catch_up` most recent ones when the schedule has catch_up = N 
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -28,13 +27,12 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
 
-from pgq_supervisor.errors import ConfigError
+from pgq_supervisor.errors import ConfigError, InvalidInput
 from pgq_supervisor.jobs import JsonValue
+from pgq_supervisor.jsontext import dump_json
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICRO = timedelta(microseconds=1)
-# as db.params: a \u0000 escape not itself escaped
-_JSON_NUL_RE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.:\-]{1,100}$")  # no "@": it ends the name in a tick's key
 
 
@@ -94,11 +92,9 @@ class Schedule:
         if not -(2**31) <= priority < 2**31:
             raise bad(f"priority must fit in 32 bits, got {priority}")
         try:
-            text = json.dumps(payload, allow_nan=False)
-        except (TypeError, ValueError) as exc:
-            raise bad(f"payload is not JSON-serializable: {exc}") from None
-        if _JSON_NUL_RE.search(text):  # jsonb rejects it: every enqueue would fail
-            raise bad("payload contains a NUL character (\\u0000), which jsonb cannot store")
+            dump_json(payload)  # what jsonb would refuse makes every enqueue of it fail
+        except InvalidInput as exc:
+            raise bad(str(exc)) from None
         return cls(name, type, cron, every, timezone, payload, priority, catch_up, zone)
 
     @property

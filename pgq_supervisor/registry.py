@@ -11,6 +11,7 @@ import importlib
 import inspect
 import math
 import random
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -374,19 +375,38 @@ def _make_handler(
     )
 
 
+def _where(exc: BaseException) -> str:
+    """The error and where it was raised, on one line: the last frame of the app's own code
+    (importlib's frames left out), or the file and line a SyntaxError names."""
+    text = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, SyntaxError):
+        # its str() names the file's base name only: the message, then the full path
+        text = f"{type(exc).__name__}: {exc.msg}"
+        return f"{text} ({exc.filename}:{exc.lineno})" if exc.filename else text
+    frames = [
+        f for f in traceback.extract_tb(exc.__traceback__)
+        if not f.filename.startswith("<") and f.filename not in _NOT_THE_APP
+    ]  # fmt: skip
+    return f"{text} ({frames[-1].filename}:{frames[-1].lineno})" if frames else text
+
+
+_NOT_THE_APP = {__file__, importlib.__file__}
+
+
 def load_registry(target: str) -> Registry:
     """Import `pkg.module:attribute` and return the Registry it names. AppLoadError if not."""
     module_name, sep, attr = target.partition(":")
     if not sep or not module_name or not attr:
-        raise AppLoadError(f"--app must look like 'package.module:registry', got {target!r}")
+        # a malformed setting, like any other bad flag (exit 2), not an app that failed
+        raise ConfigError(
+            f"invalid setting app: must look like 'package.module:registry', got {target!r}"
+        )
     try:
         module = importlib.import_module(module_name)
     except ConfigError:
         raise  # the app declared something invalid: its own message says what
     except Exception as exc:
-        raise AppLoadError(
-            f"cannot import app module {module_name!r}: {type(exc).__name__}: {exc}"
-        ) from exc
+        raise AppLoadError(f"cannot import app module {module_name!r}: {_where(exc)}") from exc
     obj: object = module
     for part in attr.split("."):
         try:

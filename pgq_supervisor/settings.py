@@ -10,10 +10,19 @@ from typing import Any, Literal, Self, cast
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
-from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AliasChoices,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from pgq_supervisor.errors import ConfigError, InvalidInput
+from pgq_supervisor.jobs import MAX_DURATION, check_duration
+from pgq_supervisor.redaction import hide_password
 
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
@@ -26,14 +35,19 @@ def parse_duration(text: str) -> float:
         value = float(number) * unit
     except ValueError:
         raise InvalidInput(f"invalid duration {text!r}: use e.g. 30s, 15m, 2h, 7d") from None
-    if not value >= 0 or value == float("inf"):
-        raise InvalidInput(f"invalid duration {text!r}: must be a finite number >= 0")
-    return value
+    try:
+        return check_duration(value)
+    except ValueError as exc:
+        raise InvalidInput(f"invalid duration {text!r}: {exc}") from None
 
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
-        env_prefix="PGQ_", env_file=".env", env_file_encoding="utf-8", extra="ignore"
+        env_prefix="PGQ_",
+        env_file=".env",
+        env_file_encoding="utf-8",
+        extra="ignore",
+        allow_inf_nan=False,  # an infinite interval or timeout is a typo, not a setting
     )
 
     dsn: str | None = Field(None, description="PostgreSQL connection string; unset = embedded")
@@ -46,16 +60,19 @@ class Settings(BaseSettings):
     app: str | None = Field(None, description="module:attribute of the handlers' Registry")
     procs: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1, le=512)
     types: list[str] | None = Field(None, description="serve only these job types")
-    heartbeat_interval: float = Field(5.0, gt=0)
-    dead_after: float = Field(30.0, gt=0)
-    poll_interval: float = Field(2.0, gt=0)
+    heartbeat_interval: float = Field(5.0, gt=0, le=MAX_DURATION)
+    dead_after: float = Field(30.0, gt=0, le=MAX_DURATION)
+    poll_interval: float = Field(2.0, gt=0, le=MAX_DURATION)
     rescue_interval: float | None = Field(
         None,
         gt=0,
+        le=MAX_DURATION,
         description="seconds between rescues of stale heartbeats; unset = min(10, dead_after/4)",
     )
-    shutdown_timeout: float = Field(30.0, ge=0)
-    connect_timeout: float = Field(15.0, gt=0, description="start-up wait for the database")
+    shutdown_timeout: float = Field(30.0, ge=0, le=MAX_DURATION)
+    connect_timeout: float = Field(
+        15.0, gt=0, le=MAX_DURATION, description="start-up wait for the database"
+    )
     max_jobs_per_child: int | None = Field(None, ge=1)
     max_memory_per_child: int | None = Field(None, ge=1, description="MiB of RSS")
     worker_synchronous_commit: bool = Field(
@@ -66,13 +83,28 @@ class Settings(BaseSettings):
     metrics_port: int | None = Field(None, ge=0, le=65535)
     metrics_host: str = "0.0.0.0"
     retain_succeeded: float | None = Field(
-        None, gt=0, description="seconds (or 7d, 12h, ...); unset keeps succeeded jobs"
+        None,
+        gt=0,
+        le=MAX_DURATION,
+        description="seconds (or 7d, 12h, ...); unset keeps succeeded jobs",
     )
     retain_failed: float | None = Field(
-        None, gt=0, description="seconds (or 7d, 12h, ...); unset keeps failed and cancelled jobs"
+        None,
+        gt=0,
+        le=MAX_DURATION,
+        description="seconds (or 7d, 12h, ...); unset keeps failed and cancelled jobs",
     )
     summary_interval: float = Field(
-        10.0, gt=0, description="seconds between INFO summaries of the jobs that ended"
+        10.0,
+        gt=0,
+        le=MAX_DURATION,
+        description="seconds between INFO summaries of the jobs that ended",
+    )
+    dashboard_user: str | None = Field(
+        None, description="the dashboard command's HTTP Basic user (with dashboard_password)"
+    )
+    dashboard_password: SecretStr | None = Field(
+        None, description="the dashboard command's HTTP Basic password (env or .env only)"
     )
     log_format: Literal["text", "json"] = "text"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
@@ -111,7 +143,8 @@ class Settings(BaseSettings):
             try:
                 conninfo_to_dict(value)
             except psycopg.ProgrammingError as exc:
-                raise ValueError(str(exc).strip().splitlines()[0]) from None
+                # libpq quotes the token it rejects, which may be (part of) the password
+                raise ValueError(hide_password(str(exc).strip().splitlines()[0], value)) from None
         return value
 
     @field_validator("retain_succeeded", "retain_failed", mode="before")

@@ -40,7 +40,6 @@ from pgq_supervisor.db.connection import (
     is_permanent_connect_error,
     listen,
     listen_async,
-    redact,
     unlisten,
     unlisten_async,
     wrapped,
@@ -104,6 +103,7 @@ from pgq_supervisor.db.watching import (
     job_states_async,
     set_progress,
 )
+from pgq_supervisor.redaction import redact
 
 __all__ = [
     "DASHBOARD_INDEXES",

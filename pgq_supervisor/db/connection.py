@@ -10,12 +10,12 @@ from typing import LiteralString
 import psycopg
 from psycopg import errors as pg_errors
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import TupleRow
 
 from pgq_supervisor import sql as queries
 from pgq_supervisor.backoff import Backoff
 from pgq_supervisor.errors import DatabaseError, DatabaseUnavailable, InvalidInput
+from pgq_supervisor.redaction import hide_password, redact
 
 Conn = psycopg.Connection[TupleRow]
 AsyncConn = psycopg.AsyncConnection[TupleRow]
@@ -45,7 +45,11 @@ def wrapped() -> Iterator[None]:
     except pg_errors.CheckViolation as exc:
         raise InvalidInput(f"rejected by the database: {exc.diag.message_primary}") from exc
     except psycopg.Error as exc:
-        raise DatabaseError(f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]}") from exc
+        raise DatabaseError(_one_line(exc)) from exc
+
+
+def _one_line(exc: psycopg.Error) -> str:
+    return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]}"
 
 
 def describe_connect_error(exc: psycopg.OperationalError) -> str:
@@ -86,32 +90,32 @@ def connect(
     heartbeats, completions): a commit lost in a server crash then means the job runs again,
     never that it is lost. Behind PgBouncer in transaction mode a session SET would leak to
     other clients, so such deployments keep it on (setting `worker_synchronous_commit`)."""
-    with wrapped():
+    try:
         conn = psycopg.connect(
             dsn,
             autocommit=autocommit,
             application_name=application_name,
             prepare_threshold=prepare_threshold,
         )
+    except psycopg.Error as exc:
+        # libpq's message may quote the password, or a piece of it (see redaction)
+        raise DatabaseError(hide_password(_one_line(exc), dsn)) from exc
+    with wrapped():
         if not synchronous_commit:
             conn.execute(statement("asynchronous_commit", DEFAULT_SCHEMA))
         return conn
 
 
-def redact(dsn: str) -> str:
-    """The DSN without its password, for logs and process titles."""
-    try:
-        params = conninfo_to_dict(dsn)
-    except psycopg.ProgrammingError:
-        return "<unparsable dsn>"
-    params.pop("password", None)
-    return " ".join(f"{k}={v}" for k, v in params.items())
-
-
 def connect_at_startup(
-    dsn: str, timeout: float, *, prepare_threshold: int | None = PREPARE_THRESHOLD
+    dsn: str,
+    timeout: float,
+    *,
+    prepare_threshold: int | None = PREPARE_THRESHOLD,
+    attempt_timeout: int = 5,
 ) -> Conn:
-    """Connect, retrying a database that is not reachable yet for up to `timeout` seconds.
+    """Connect, retrying a database that is not reachable yet for up to `timeout` seconds
+    (0: one attempt), each attempt given `attempt_timeout` seconds (libpq's connect_timeout,
+    2 at least) for a host that does not answer.
 
     Wrong password, unknown user and missing database fail at once: waiting cannot fix them.
     Raises DatabaseUnavailable with one line that says which it was.
@@ -123,7 +127,7 @@ def connect_at_startup(
                 dsn,
                 autocommit=True,
                 application_name="pgq-supervisor",
-                connect_timeout=5,
+                connect_timeout=attempt_timeout,
                 prepare_threshold=prepare_threshold,
             ),
             retry_on=psycopg.OperationalError,
@@ -133,9 +137,10 @@ def connect_at_startup(
             ),
         )
     except psycopg.OperationalError as exc:
-        raise DatabaseUnavailable(
-            f"cannot connect to {redact(dsn)}: {describe_connect_error(exc)}"
-        ) from exc
+        why = hide_password(describe_connect_error(exc), dsn)
+        raise DatabaseUnavailable(f"cannot connect to {redact(dsn)}: {why}") from exc
+    except psycopg.ProgrammingError as exc:  # the DSN does not parse: no use retrying
+        raise DatabaseUnavailable(f"invalid dsn: {hide_password(_one_line(exc), dsn)}") from exc
 
 
 def durable_commit(conn: Conn) -> None:

@@ -6,20 +6,14 @@ exactly the statement's `%(name)s` placeholders.
 
 from __future__ import annotations
 
-import json
-import re
 import time
 import uuid
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import TypedDict
 
-from pgq_supervisor.errors import InvalidInput
 from pgq_supervisor.jobs import BundleId, JobId, LeaseToken
-
-# A \u0000 escape not itself escaped (an even run of backslashes before it): jsonb rejects it.
-_JSON_NUL_RE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
-
+from pgq_supervisor.jsontext import dump_json as dump_json  # the statements' JSON parameters
 
 _RANDOM_BITS = (1 << 76) - 1  # a version-4 UUID below its version: 74 random bits, the variant
 
@@ -37,22 +31,6 @@ def new_id() -> uuid.UUID:
     """A fresh id (job, bundle, lease), time-ordered (version 7). The one place that makes
     them: a test replaces `uuid` here to make them sequential."""
     return uuid.UUID(int=time_ordered(uuid.uuid4().int, time.time_ns()))
-
-
-# one encoder: json.dumps with arguments builds a new one per call
-_encode = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
-
-
-def dump_json(value: object, what: str = "payload") -> str:
-    try:
-        text = _encode(value)
-    except (TypeError, ValueError) as exc:
-        raise InvalidInput(f"{what} is not JSON-serializable: {exc}") from exc
-    if "\\u0000" in text and _JSON_NUL_RE.search(text):
-        # Caught here, not by the server: in a batch one such value would fail the statement
-        # for every job in it.
-        raise InvalidInput(f"{what} contains a NUL character (\\u0000), which jsonb cannot store")
-    return text
 
 
 # ---- enqueue --------------------------------------------------------------------------------

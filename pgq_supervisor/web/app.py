@@ -10,9 +10,11 @@
 Every request asks `authorize(request, action)` first (action "view" for a page, else the
 action's name, see ACTIONS): False answers 403 and changes nothing. Actions are POST only and
 carry a CSRF token, the double-submit kind: a random token in a SameSite=Strict cookie, echoed by
-each form, compared in constant time. With `read_only=True` no action is shown and each is
-answered 403. An action redirects (303) to the page it came from with a one-line message, kept
-in a cookie for the next page.
+each form, compared in constant time. The token stops other sites' forms, not a client that
+reads the cookie first, so actions need authentication: without an `authorize` (or an explicit
+`allow_unauthenticated_actions=True`, logged as a WARNING) the dashboard is read-only. Read-only
+(that, or `read_only=True`), no action is shown and each is answered 403. An action redirects
+(303) to the page it came from with a one-line message, kept in a cookie for the next page.
 
 Live updates are short polls: live.js asks for the page's live part every 2 s with the ETag it
 has, and the server answers 304 when nothing changed (see the README for why not SSE).
@@ -28,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import inspect
+import logging
 import secrets
 import threading
 import uuid
@@ -62,6 +65,14 @@ _TYPE_ACTIONS: dict[str, Action] = {
 # authorize(request, action) -> bool (or an awaitable of one)
 Authorize = Callable[[Request, Action], "bool | Awaitable[bool]"]
 
+log = logging.getLogger(__name__)
+
+READ_ONLY = "this dashboard is read-only"
+NO_AUTH = (
+    "this dashboard is read-only: actions need authentication (an authorize callable, or"
+    " PGQ_DASHBOARD_USER and PGQ_DASHBOARD_PASSWORD for the dashboard command) or"
+    " allow_unauthenticated_actions=True (--allow-unauthenticated-actions)"
+)
 CSRF_COOKIE = "pgq_csrf"
 CSRF_FIELD = "csrf"
 FLASH_COOKIE = "pgq_flash"
@@ -115,15 +126,28 @@ def create_app(
     *,
     authorize: Authorize | None = None,
     read_only: bool = False,
+    allow_unauthenticated_actions: bool = False,
     schema: str = db.DEFAULT_SCHEMA,
     stale_after: float = 15.0,
 ) -> Starlette:
     """The dashboard as an ASGI app over `schema`. `dsn_or_pool`: a DSN (the app makes and
     closes its own small pool) or the caller's psycopg_pool.ConnectionPool (left open).
-    `authorize(request, action)` is asked on every request (see ACTIONS); None allows all.
-    `read_only`: no action is shown, each is refused with 403. `stale_after`: seconds without a
-    heartbeat after which the Workers page marks a supervisor stale (3 x its
+    `authorize(request, action)` is asked on every request (see ACTIONS). Without it every
+    page is open and the dashboard is read-only, unless `allow_unauthenticated_actions=True`
+    opens the actions to anyone who can reach it (logged as a WARNING). `read_only`: no action
+    is shown, each is refused with 403, whatever else is given. `stale_after`: seconds without
+    a heartbeat after which the Workers page marks a supervisor stale (3 x its
     heartbeat_interval, 5 s by default)."""
+    refusal = None  # why actions are off, if they are
+    if read_only:
+        refusal = READ_ONLY
+    elif authorize is None and not allow_unauthenticated_actions:
+        refusal = NO_AUTH
+    elif authorize is None:
+        log.warning(
+            "dashboard actions (retry, cancel, delete, pause, resume) are open to anyone who"
+            " can reach it: no authentication, allow_unauthenticated_actions is on"
+        )
     store = _Db(dsn_or_pool, schema)
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(HERE / "templates"),
@@ -135,7 +159,7 @@ def create_app(
     env.filters["ago"] = views.ago
     env.filters["pretty"] = views.pretty
     env.filters["progress"] = views.progress
-    dash = _Dashboard(store, env, authorize, read_only, stale_after)
+    dash = _Dashboard(store, env, authorize, refusal, stale_after)
     routes = [
         Route("/", dash.overview, name="overview"),
         Route("/jobs", dash.jobs, name="jobs"),
@@ -162,13 +186,13 @@ class _Dashboard:
         store: _Db,
         env: jinja2.Environment,
         authorize: Authorize | None,
-        read_only: bool,
+        refusal: str | None,
         stale_after: float,
     ) -> None:
         self.store = store
         self.env = env
         self._authorize = authorize
-        self.read_only = read_only
+        self.refusal = refusal  # None: actions allowed (authorize still asked)
         self.stale_after = stale_after
 
     # ---- pages ----
@@ -256,8 +280,8 @@ class _Dashboard:
 
     async def _guard(self, request: Request, action: Action) -> Mapping[str, object]:
         """The checks before any action, each a Refused: read-only, CSRF, authorize."""
-        if self.read_only:
-            raise Refused("this dashboard is read-only")
+        if self.refusal is not None:
+            raise Refused(self.refusal)
         async with request.form() as form:
             fields = {k: v for k, v in form.items() if isinstance(v, str)}
         cookie = request.cookies.get(CSRF_COOKIE, "")
@@ -315,7 +339,8 @@ class _Dashboard:
             live=live,
             flash=flash,
             csrf=token,
-            read_only=self.read_only,
+            read_only=self.refusal is not None,
+            refusal=self.refusal or "",
             url=lambda name, **p: self._url(request, name, **{k: str(v) for k, v in p.items()}),
             static=lambda path: self._url(request, "static", path=path),
             query=lambda **p: "?" + urlencode({k: v for k, v in p.items() if v}),

@@ -1,5 +1,6 @@
 """The dashboard in a real Chromium (Debian's package, driven by Playwright), served by the real
-`dashboard` command, with a real supervisor running the jobs. One browser session for all the
+`dashboard` command (HTTP Basic from PGQ_DASHBOARD_USER and PGQ_DASHBOARD_PASSWORD, which the
+browser sends), with a real supervisor running the jobs. One browser session for all the
 checks: every page against known jobs, the counts shown equal the database's, a failed job's
 traceback, pause a type and see none of its jobs start, retry and see the job pending, then
 succeeded without a reload (the live update). Screenshots go to docs/.
@@ -10,12 +11,6 @@ directly without one it fails (PGQ_CHROMIUM names another executable)."""
 from __future__ import annotations
 
 import os
-import signal
-import socket
-import subprocess
-import sys
-import tempfile
-import urllib.request
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -26,51 +21,13 @@ from playwright.sync_api import Page, expect, sync_playwright
 import pgq_supervisor as pgq
 from tests.acceptance.apps.pgq_test_app import GATES_DDL
 from tests.acceptance.conftest import Conn
+from tests.acceptance.dashboard import Dashboard
 from tests.acceptance.helpers import APP, FAST, ROOT, Supervisor, count, wait_for
 
 CHROMIUM = os.environ.get("PGQ_CHROMIUM", "/usr/bin/chromium")
 DOCS = ROOT / "docs"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-class Dashboard:
-    """`python -m pgq_supervisor dashboard` in a subprocess, logs to a file."""
-
-    def __init__(self, dsn: str) -> None:
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = Path(tempfile.mkstemp(prefix="pgq-dash-", suffix=".log")[1])
-        self._log = self.log_path.open("wb")
-        env = {k: v for k, v in os.environ.items() if k != "PGQ_DSN"}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "pgq_supervisor", "dashboard", "--dsn", dsn,
-             "--port", str(self.port)],
-            stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
-        )  # fmt: skip
-
-    def up(self) -> bool:
-        assert self.proc.poll() is None, self.log_path.read_text()
-        try:
-            with urllib.request.urlopen(self.url + "/", timeout=2) as answer:
-                return bool(answer.status == 200)
-        except OSError:
-            return False
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        self._log.close()
+# the dashboard's actions need credentials: the command's HTTP Basic, which the browser sends
+USER, PASSWORD = "oncall", "s3cret"
 
 
 @pytest.fixture
@@ -78,7 +35,10 @@ def page() -> Iterator[Page]:
     assert Path(CHROMIUM).exists(), f"no Chromium at {CHROMIUM} (Debian: apt-get install chromium)"
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        context = browser.new_context(viewport={"width": 1280, "height": 900})
+        context = browser.new_context(
+            viewport={"width": 1280, "height": 900},
+            http_credentials={"username": USER, "password": PASSWORD},
+        )
         context.set_default_timeout(20_000)
         yield context.new_page()
         browser.close()
@@ -98,7 +58,7 @@ def _db_counts(db: Conn) -> dict[tuple[str, str], int]:
 
 def test_the_dashboard_in_chromium(dsn: str, db: Conn, sups: list[Supervisor], page: Page) -> None:
     db.execute(GATES_DDL)
-    dash = Dashboard(dsn)
+    dash = Dashboard(dsn, env={"PGQ_DASHBOARD_USER": USER, "PGQ_DASHBOARD_PASSWORD": PASSWORD})
     try:
         _run(dsn, db, sups, page, dash)
     finally:

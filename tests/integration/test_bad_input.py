@@ -46,6 +46,14 @@ def test_a_type_of_exactly_100_characters_is_fine(conn: Conn) -> None:
     assert get(conn, job_id).type == "x" * 100
 
 
+def nested(depth: int) -> JsonValue:
+    """[[[...{}...]]], `depth` lists deep (built without recursion)."""
+    value: JsonValue = {}
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
 NOT_JSON: list[object] = [
     pytest.param({1, 2}, id="set"),
     pytest.param(object(), id="object"),
@@ -54,6 +62,12 @@ NOT_JSON: list[object] = [
     pytest.param(b"bytes", id="bytes"),
     pytest.param({"text": "a\x00b"}, id="nul-char"),
     pytest.param({"k\x00": 1}, id="nul-in-key"),
+    # jsonb takes no lone surrogate: the server's error would fail a whole batch
+    pytest.param({"text": "\ud800"}, id="lone-high-surrogate"),
+    pytest.param({"text": "a\udfff"}, id="lone-low-surrogate"),
+    pytest.param({"\udc00": 1}, id="surrogate-in-key"),
+    pytest.param({"text": "\udc00\ud800"}, id="surrogates-the-wrong-way-round"),
+    pytest.param({"deep": nested(60_000)}, id="60000-deep"),
 ]
 
 
@@ -72,6 +86,12 @@ def test_payload_that_cannot_be_stored_as_json_is_rejected(conn: Conn, payload: 
 def test_backslashes_that_only_look_like_a_nul_escape_are_fine(conn: Conn) -> None:
     job_id = pgq.enqueue(conn, "t", {"path": "C:\\u0000dir", "raw": "\\\\u0000"})
     assert get(conn, job_id).payload == {"path": "C:\\u0000dir", "raw": "\\\\u0000"}
+
+
+def test_backslashes_that_only_look_like_a_surrogate_escape_are_fine(conn: Conn) -> None:
+    fine: JsonValue = {"path": "C:\\ud800", "emoji": "\U0001f600", "deep": nested(200)}
+    job_id = pgq.enqueue(conn, "t", fine)
+    assert get(conn, job_id).payload == fine
 
 
 @pytest.mark.parametrize(
@@ -138,8 +158,9 @@ def test_unknown_ids_raise_job_not_found_naming_the_id(conn: Conn) -> None:
 
 
 def test_purge_options_are_checked(conn: Conn) -> None:
-    with pytest.raises(pgq.InvalidInput, match="older_than"):
-        pgq.delete_finished(conn, older_than=-1)
+    for bad in (-1, float("nan"), float("inf"), 1e12):
+        with pytest.raises(pgq.InvalidInput, match="older_than"):
+            pgq.delete_finished(conn, older_than=bad)
     with pytest.raises(pgq.InvalidInput, match="only finished jobs"):
         pgq.delete_finished(conn, older_than=0, states=[pgq.JobState.RUNNING])
 

@@ -1,6 +1,6 @@
 """The dashboard over HTTP (Starlette's TestClient, a real database): pages, actions, and what
-guards them: CSRF, authorize, read_only, escaping. The browser tests are in
-tests/acceptance/test_web_browser.py."""
+guards them: CSRF, authorize, escaping (read-only and authentication: test_web_auth.py). The
+browser tests are in tests/acceptance/test_web_browser.py."""
 
 from __future__ import annotations
 
@@ -47,7 +47,8 @@ def fail_job(conn: Conn, type_: str = "t", payload: JsonValue = None) -> JobId:
 
 @pytest.fixture
 def client(dsn: str) -> Iterator[TestClient]:
-    app = create_app(dsn)
+    """A client of a dashboard whose actions are open (these tests are about the actions)."""
+    app = create_app(dsn, allow_unauthenticated_actions=True)
     with TestClient(app) as c:
         yield c
     app.state.pgq_close()
@@ -212,35 +213,6 @@ def test_a_script_in_a_payload_is_shown_escaped(client: TestClient, conn: Conn) 
     assert len(re.findall(r"<script", client.get(f"/jobs/{job_id}").text)) == 1
 
 
-def test_read_only_hides_and_refuses_every_action(dsn: str, conn: Conn) -> None:
-    failed = fail_job(conn)
-    running = db.enqueue(conn, SCHEMA, NewJob("r", {}))
-    claim_one(conn, "r")
-    app = create_app(dsn, read_only=True)
-    with TestClient(app) as client:
-        for path in ("/", f"/jobs/{failed}", f"/jobs/{running}", "/jobs"):
-            page = client.get(path)
-            assert page.status_code == 200
-            assert '<form method="post"' not in page.text, path
-            assert "read-only" in page.text
-        token = client.cookies.get("pgq_csrf")
-        assert token
-        for path, data in (
-            (f"/jobs/{failed}/retry", {}),
-            (f"/jobs/{running}/cancel", {}),
-            (f"/jobs/{failed}/delete", {}),
-            ("/types/retry-failed", {"type": "t"}),
-            ("/types/pause", {"type": "t"}),
-            ("/types/resume", {"type": "t"}),
-        ):
-            answer = client.post(path, data={"csrf": token, **data})
-            assert answer.status_code == 403 and "read-only" in answer.text, path
-    app.state.pgq_close()
-    assert get(conn, failed).state is JobState.FAILED
-    assert get(conn, running).state is JobState.RUNNING
-    assert not db.type_controls(conn, SCHEMA)
-
-
 def test_live_polls_get_304_until_something_changes(client: TestClient, conn: Conn) -> None:
     job_id = db.enqueue(conn, SCHEMA, NewJob("t", {}))
     live = {"X-Pgq-Live": "1"}
@@ -256,7 +228,7 @@ def test_live_polls_get_304_until_something_changes(client: TestClient, conn: Co
 
 def test_mounted_under_a_prefix_its_links_and_forms_keep_the_prefix(dsn: str, conn: Conn) -> None:
     failed = fail_job(conn)
-    dashboard = create_app(dsn)
+    dashboard = create_app(dsn, allow_unauthenticated_actions=True)
     outer = Starlette(routes=[Mount("/ops/queue", app=dashboard)])
     with TestClient(outer) as client:
         page = client.get(f"/ops/queue/jobs/{failed}")

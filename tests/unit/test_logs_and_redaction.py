@@ -3,8 +3,15 @@ from __future__ import annotations
 import json
 import logging
 
-from pgq_supervisor.db import describe_connect_error, redact
+import psycopg
+import pytest
+from psycopg.conninfo import conninfo_to_dict
+
+from pgq_supervisor.db import connect, connect_at_startup, describe_connect_error, redact
+from pgq_supervisor.errors import ConfigError, DatabaseError
 from pgq_supervisor.logs import JsonFormatter
+from pgq_supervisor.redaction import hide_password
+from pgq_supervisor.settings import load_settings
 
 
 def test_redact_drops_the_password() -> None:
@@ -23,8 +30,6 @@ def test_json_log_lines_carry_extra_fields() -> None:
 
 
 def test_connect_errors_are_told_apart() -> None:
-    import psycopg
-
     cases = {
         'FATAL:  password authentication failed for user "app"': "authentication failed",
         'FATAL:  database "nope" does not exist': "database does not exist",
@@ -33,3 +38,64 @@ def test_connect_errors_are_told_apart() -> None:
     }
     for text, kind in cases.items():
         assert describe_connect_error(psycopg.OperationalError(text)).startswith(kind), text
+
+
+# DSNs whose password libpq's parser (or a connect error) quotes back, and the password
+LEAKY_DSNS = [
+    pytest.param("postgresql://app:secret%zz@127.0.0.1:1/jobs", "secret", id="url-bad-escape"),
+    pytest.param("postgresql://app:sec ret@127.0.0.1:1/jobs", "sec ret", id="url-space"),
+    pytest.param("postgresql://127.0.0.1:1/jobs?password=secret%zz", "secret", id="url-query"),
+    pytest.param("host=127.0.0.1 port=1 password=my secret dbname=jobs", "secret", id="kv-space"),
+    pytest.param("host=127.0.0.1 password='secret\\' x", "secret", id="kv-unterminated"),
+]
+
+
+@pytest.mark.parametrize(("dsn", "secret"), LEAKY_DSNS)
+def test_a_malformed_dsn_never_shows_its_password(dsn: str, secret: str) -> None:
+    for shown in _errors_for(dsn):
+        assert secret not in shown and "secret" not in shown, shown
+        assert len(shown.splitlines()) == 1, shown
+    assert redact(dsn) == "<unparsable dsn>"
+
+
+def _errors_for(dsn: str) -> list[str]:
+    """The error line of each way a DSN is taken in: settings, connect, connect at start-up."""
+    out = []
+    with pytest.raises(ConfigError, match="invalid setting dsn") as setting:
+        load_settings(dsn=dsn)
+    out.append(str(setting.value))
+    with pytest.raises(ConfigError, match="invalid setting listen_dsn") as setting:
+        load_settings(listen_dsn=dsn)
+    out.append(str(setting.value))
+    with pytest.raises(DatabaseError) as connecting:
+        connect(dsn)
+    out.append(str(connecting.value))
+    with pytest.raises(DatabaseError) as starting:
+        connect_at_startup(dsn, 0.1)
+    out.append(str(starting.value))
+    return out
+
+
+def test_the_libpq_message_without_masking_did_show_it() -> None:
+    """What the masking is for: psycopg's own message quotes the password."""
+    with pytest.raises(psycopg.ProgrammingError, match="secret"):
+        conninfo_to_dict("postgresql://app:secret%zz@db/jobs")
+    with pytest.raises(psycopg.ProgrammingError, match="secret"):
+        conninfo_to_dict("host=db password=my secret")
+
+
+def test_a_password_split_into_another_field_is_masked_there() -> None:
+    # libpq splits at the first @: the host becomes "ss@127.0.0.1", which errors quote
+    dsn = "postgresql://app:p@ss@127.0.0.1:1/jobs"
+    assert conninfo_to_dict(dsn)["host"] == "ss@127.0.0.1"
+    assert "ss@" not in redact(dsn) and "host=***" in redact(dsn)
+    line = 'could not translate host name "ss@127.0.0.1" to address'
+    assert hide_password(line, dsn) == 'could not translate host name "***" to address'
+
+
+def test_masking_leaves_other_quoted_tokens_alone() -> None:
+    dsn = "host=db.example user=app password=hunter2"
+    line = 'connection to server at "db.example" (10.0.0.1), port 5432 failed: for user "app"'
+    assert hide_password(line, dsn) == line
+    assert hide_password('token "hunter2x"', dsn) == 'token "***"'
+    assert hide_password("nothing to hide", None) == "nothing to hide"

@@ -1,0 +1,63 @@
+"""JSON as the queue stores it in jsonb: one encoder, and the values jsonb refuses found before
+the server sees them (in a batch, one such value would fail the statement for every job in it).
+No database here: the db layer and the declarations that hold payloads (periodic) both use it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from pgq_supervisor.errors import InvalidInput
+
+# A \u0000 escape not itself escaped (an even run of backslashes before it): jsonb rejects it.
+_JSON_NUL_RE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+# one escape of JSON text: \uXXXX (its hex digits captured, lowercase as json.dumps writes them)
+# or a backslash and one character
+_ESCAPE_RE = re.compile(r"\\(?:u([0-9a-f]{4})|.)")
+
+# one encoder: json.dumps with arguments builds a new one per call
+_encode = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+
+
+def dump_json(value: object, what: str = "payload") -> str:
+    """`value` as compact ASCII JSON text for a jsonb parameter; InvalidInput naming `what`
+    if it is not JSON, is nested too deeply, or holds what jsonb refuses (NUL, lone surrogate)."""
+    try:
+        text = _encode(value)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInput(f"{what} is not JSON-serializable: {exc}") from exc
+    except RecursionError:
+        # past Python's recursion limit (about 1000 levels): no worker could decode it either
+        raise InvalidInput(f"{what} is nested too deeply to encode as JSON") from None
+    if "\\u0000" in text and _JSON_NUL_RE.search(text):
+        raise InvalidInput(f"{what} contains a NUL character (\\u0000), which jsonb cannot store")
+    if "\\ud" in text and (lone := _lone_surrogate(text)):
+        raise InvalidInput(f"{what} contains a lone surrogate ({lone}), which jsonb cannot store")
+    return text
+
+
+def _lone_surrogate(text: str) -> str | None:
+    """The first \\uXXXX escape of `text` (ASCII JSON) that is half a surrogate pair alone.
+    Read escape by escape, so an escaped backslash before "ud800" is not taken for one."""
+    high: str | None = None  # a high surrogate waiting for its low half, right after it
+    end = -1
+    for m in _ESCAPE_RE.finditer(text):
+        code = m.group(1)
+        if high is not None and (m.start() != end or code is None or not _is_low(code)):
+            return f"\\u{high}"
+        if high is not None:
+            high = None
+        elif code is not None and _is_high(code):
+            high, end = code, m.end()
+        elif code is not None and _is_low(code):
+            return f"\\u{code}"
+    return f"\\u{high}" if high is not None else None
+
+
+def _is_high(code: str) -> bool:
+    return "d800" <= code <= "dbff"
+
+
+def _is_low(code: str) -> bool:
+    return "dc00" <= code <= "dfff"

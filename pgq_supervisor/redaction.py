@@ -1,0 +1,94 @@
+"""Keeping a DSN's password out of what is shown: logs, process titles and error lines.
+
+libpq's parser quotes the token it rejects (`invalid percent-encoded token: "secret%zz"`,
+`missing "=" after "secret"`), and a password it split (`password=my secret`, `u:p@ss@host`)
+lands partly in another field, which connect errors then quote (`host name "ss@host"`). So the
+password is found in the DSN's text as written, not by parsing it (a DSN that does not parse
+is exactly the case), and every quoted token holding it, or a piece of it, is masked.
+"""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import unquote
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+
+MASK = "***"
+
+# password=value in a key=value DSN: quoted (maybe unterminated), or bare up to the next key
+_KV_PASSWORD = re.compile(
+    r"(?:^|\s)password\s*=\s*(?:'((?:[^'\\]|\\.)*)'?|(.*?)(?=\s+\w+\s*=|\s*$))", re.S
+)
+_URL = re.compile(r"^\s*postgres(?:ql)?://(.*)$", re.S | re.I)
+_URL_QUERY_PASSWORD = re.compile(r"[?&]password=([^&]*)", re.I)
+_QUOTED = re.compile(r"\"([^\"]*)\"|'([^']*)'")
+_SPLIT = re.compile(r"[\s@]+")
+
+
+def _written(dsn: str) -> list[str]:
+    """The password as written in `dsn` (every place it may be given), unparsed."""
+    found: list[str] = []
+    url = _URL.match(dsn)
+    if url is None:
+        for m in _KV_PASSWORD.finditer(dsn):
+            quoted, bare = m.group(1), m.group(2)
+            found.append(re.sub(r"\\(.)", r"\1", quoted) if quoted is not None else bare or "")
+        return [p for p in found if p]
+    rest = url.group(1)
+    # up to the last @ of the authority: libpq splits at the first, a password may hold one
+    authority = rest.split("?", 1)[0]
+    at = authority.rfind("@")
+    if at >= 0:
+        found.append(authority[:at].partition(":")[2])
+    found += _URL_QUERY_PASSWORD.findall(rest)
+    return [p for p in found if p]
+
+
+def secrets_of(dsn: str | None) -> tuple[set[str], set[str]]:
+    """(the password as written and decoded, the pieces of it libpq puts in other fields)."""
+    whole: set[str] = set()
+    pieces: set[str] = set()
+    for written in _written(dsn or ""):
+        for form in (written, unquote(written)):
+            whole.add(form)
+            # libpq keeps the first piece as the password (and never shows it): the others
+            # become another field's value or the token an error quotes
+            pieces.update(p for p in _SPLIT.split(form)[1:] if p)
+    return whole, pieces
+
+
+def hide_password(text: str, *dsns: str | None) -> str:
+    """`text` with every quoted token that holds a password of `dsns`, or a piece of one,
+    replaced by ***. Conservative on purpose: a user name equal to the password is masked
+    too, since showing it would show the password."""
+    needles: set[str] = set()
+    for dsn in dsns:
+        whole, pieces = secrets_of(dsn)
+        needles |= whole | pieces
+    if not needles:
+        return text
+
+    def masked(m: re.Match[str]) -> str:
+        token = m.group(1) if m.group(1) is not None else m.group(2)
+        if any(n in token for n in needles):
+            quote = m.group(0)[0]
+            return f"{quote}{MASK}{quote}"
+        return m.group(0)
+
+    return _QUOTED.sub(masked, text)
+
+
+def redact(dsn: str) -> str:
+    """The DSN without its password, for logs and process titles: `key=value` pairs, any value
+    holding a piece of a password libpq split off shown as ***."""
+    try:
+        params = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        return "<unparsable dsn>"
+    params.pop("password", None)
+    whole, pieces = secrets_of(dsn)
+    needles = whole | pieces
+    shown = {k: MASK if any(n in str(v) for n in needles) else str(v) for k, v in params.items()}
+    return " ".join(f"{k}={v}" for k, v in shown.items())

@@ -1,0 +1,181 @@
+"""The CLI's failures: fast, one line, the right exit code, and nothing written.
+
+An admin command against a database that is down says so at once (the supervisor's start-up
+wait is for `run`); an app that fails to import says where; a malformed DSN never shows its
+password; absurd input (60,000-deep JSON, a lone surrogate, a delay of 1e12 s) is exit 2.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from psycopg.conninfo import make_conninfo
+
+from pgq_supervisor.db import Conn
+from tests.acceptance.helpers import APP, ROOT, run_cli
+from tests.integration.support import count_rows
+from tests.integration.test_admin_cli import cli, fails
+
+FAST_ENOUGH = 3.0  # seconds, the whole command: interpreter start-up, imports, the attempt
+ADMIN = [
+    ["status"],
+    ["depth"],
+    ["jobs", "--state", "failed"],
+    ["enqueue", "t", "{}"],
+    ["workers"],
+    ["pause", "t"],
+]
+
+
+def _timed(args: list[str], dsn: str) -> tuple[float, str]:
+    started = time.monotonic()
+    result = run_cli(args, dsn, timeout=60)
+    took = time.monotonic() - started
+    return took, fails(result, 1, r"cannot connect to .*: server not reachable")
+
+
+@pytest.mark.parametrize("args", ADMIN, ids=lambda a: a[0])
+def test_an_admin_command_against_a_refused_port_fails_at_once(dsn: str, args: list[str]) -> None:
+    refused = make_conninfo(dsn, host="127.0.0.1", port="1")  # nothing listens there
+    took, line = _timed(args, refused)
+    assert took < FAST_ENOUGH, f"{args[0]} took {took:.1f} s to fail: {line}"
+
+
+@pytest.fixture
+def silent_server() -> Iterator[int]:
+    """A port whose server takes the connection and never answers (a host that hangs)."""
+    with socket.create_server(("127.0.0.1", 0), backlog=8) as server:
+        yield server.getsockname()[1]
+
+
+def test_an_admin_command_against_a_silent_server_gives_up_after_its_timeout(
+    dsn: str, silent_server: int
+) -> None:
+    silent = make_conninfo(dsn, host="127.0.0.1", port=str(silent_server))
+    started = time.monotonic()
+    result = run_cli(["status"], silent, timeout=60)
+    took = time.monotonic() - started
+    fails(result, 1, r"cannot connect to .*: server not reachable: .*timeout")
+    # libpq's connect_timeout of 2 s (its least), plus the interpreter's start-up
+    assert 2.0 <= took < 2.0 + FAST_ENOUGH, took
+
+
+def test_run_still_waits_for_the_database_at_start_up(dsn: str) -> None:
+    refused = make_conninfo(dsn, host="127.0.0.1", port="1")
+    started = time.monotonic()
+    result = run_cli(["run", "--app", APP, "--connect-timeout", "2"], refused, timeout=60)
+    took = time.monotonic() - started
+    fails(result, 1, r"server not reachable")
+    assert took >= 1.5, f"run gave up after {took:.1f} s: it retries up to connect_timeout"
+
+
+# ---- the app ----
+
+
+@pytest.fixture
+def apps(tmp_path: Path) -> dict[str, str]:
+    """PYTHONPATH with modules that fail to import in different ways."""
+    (tmp_path / "raises_app.py").write_text("import pgq_supervisor\n\nx = 1 / 0\n")
+    (tmp_path / "syntax_app.py").write_text("import pgq_supervisor\ndef f(:\n    pass\n")
+    (tmp_path / "nested_app.py").write_text("import broken_helper\n")
+    (tmp_path / "broken_helper.py").write_text('import os\n\nraise RuntimeError("no config")\n')
+    return {"PYTHONPATH": f"{tmp_path}:{ROOT / 'tests' / 'acceptance' / 'apps'}"}
+
+
+@pytest.mark.parametrize(
+    ("module", "shown"),
+    [
+        ("raises_app", r"ZeroDivisionError: division by zero \(\S+/raises_app\.py:3\)$"),
+        ("syntax_app", r"SyntaxError: invalid syntax \(\S+/syntax_app\.py:2\)$"),
+        ("nested_app", r"RuntimeError: no config \(\S+/broken_helper\.py:3\)$"),
+    ],
+)
+def test_an_app_that_fails_to_import_says_what_and_where(
+    dsn: str, apps: dict[str, str], module: str, shown: str
+) -> None:
+    result = run_cli(["run", "--app", f"{module}:registry"], dsn, env=apps)
+    fails(result, 3, rf"^error: cannot import app module '{module}': {shown}")
+    # the whole traceback at debug level, then the same one line
+    debug = run_cli(["run", "--app", f"{module}:registry", "--log-level", "debug"], dsn, env=apps)
+    assert debug.returncode == 3
+    assert "Traceback (most recent call last)" in debug.stderr
+    last = debug.stderr.splitlines()[-1]
+    assert last.startswith(f"error: cannot import app module '{module}'"), last
+
+
+@pytest.mark.parametrize("target", ["pgq_test_app", "pgq_test_app:", ":registry"])
+def test_an_app_without_module_and_attribute_is_bad_usage(dsn: str, target: str) -> None:
+    result = run_cli(["run", "--app", target], dsn)
+    fails(
+        result,
+        2,
+        rf"invalid setting app: must look like 'package\.module:registry', got '{target}'",
+    )
+
+
+# ---- a malformed DSN ----
+
+MALFORMED = [
+    pytest.param("postgresql://app:secret%zz@127.0.0.1/jobs", id="url"),
+    pytest.param("host=127.0.0.1 user=app password=my secret dbname=jobs", id="key-value"),
+]
+
+
+@pytest.mark.parametrize("bad", MALFORMED)
+@pytest.mark.parametrize("given", ["flag", "env"])
+@pytest.mark.parametrize("command", [["status"], ["run", "--app", APP]])
+def test_a_malformed_dsn_is_one_line_that_hides_its_password(
+    bad: str, given: str, command: list[str]
+) -> None:
+    if given == "flag":
+        result = run_cli([*command, "--dsn", bad])
+    else:
+        result = run_cli(command, env={"PGQ_DSN": bad})
+    line = fails(result, 2, r"^error: invalid setting dsn: ")
+    assert "secret" not in line and "***" in line, line
+
+
+# ---- absurd input ----
+
+
+def _deep_json(depth: int) -> str:
+    return '{"a": ' + "[" * depth + "]" * depth + "}"
+
+
+@pytest.mark.parametrize(
+    ("args", "pattern"),
+    [
+        (["enqueue", "t", _deep_json(60_000)], r"payload is nested too deeply"),
+        (["enqueue", "t", '{"text": "\\ud800"}'], r"payload contains a lone surrogate \(\\ud800\)"),
+        (["enqueue", "t", '{"\\udfff": 1}'], r"payload contains a lone surrogate \(\\udfff\)"),
+        (["enqueue", "t", "{}", "--start-in", "1e12"], r"invalid duration '1e12': must be from 0"),
+        (["enqueue", "t", "{}", "--start-in", "1e9d"], r"invalid duration '1e9d'"),
+        (["enqueue", "t", "{}", "--start-in", "inf"], r"invalid duration 'inf'"),
+        (["enqueue", "t", "{}", "--start-in", "1e400"], r"invalid duration '1e400'"),
+        (["enqueue", "t", "{}", "--start-in", "nan"], r"invalid duration 'nan'"),
+        (["purge", "--older-than", "1e12"], r"invalid duration '1e12'"),
+    ],
+    ids=["deep", "high-surrogate", "low-surrogate", "1e12", "1e9d", "inf", "1e400", "nan", "purge"],
+)
+def test_absurd_input_is_one_line_exit_2_and_nothing_written(
+    dsn: str, conn: Conn, args: list[str], pattern: str
+) -> None:
+    fails(cli(dsn, *args), 2, pattern)
+    assert count_rows(conn) == 0
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "why"),
+    [
+        ("--poll-interval", "inf", "finite number"),
+        ("--shutdown-timeout", "nan", "finite number"),
+        ("--heartbeat-interval", "1e12", "less than or equal to"),
+    ],
+)
+def test_absurd_durations_of_run_are_bad_usage(dsn: str, flag: str, value: str, why: str) -> None:
+    result = run_cli(["run", "--app", APP, flag, value], dsn)
+    fails(result, 2, rf"invalid setting {flag[2:].replace('-', '_')}: .*{why}")
