@@ -170,7 +170,7 @@ def enqueue_bundle(
     if any(j.unique_key is not None for j in jobs):
         raise InvalidInput("bundle jobs cannot have a unique_key (the bundle would miscount)")
     s = _schema(schema)
-    with db.wrapped(), conn.transaction():
+    with db.atomic(conn):
         bundle = db.insert_bundle(conn, s, type, len(jobs), origin, on_complete)
         db.enqueue_many(conn, s, jobs, bundle_id=bundle.id)
     return bundle

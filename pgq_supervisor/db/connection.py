@@ -1,16 +1,18 @@
-"""Connections: opening them, naming their errors, and turning psycopg's errors into ours."""
+"""Connections: opening them, naming their errors, and turning psycopg's errors into ours;
+the transaction of a writing call (`atomic`)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import LiteralString
 
 import psycopg
 from psycopg import errors as pg_errors
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
+from psycopg.pq import TransactionStatus
 from psycopg.rows import TupleRow
 
 from pgq_supervisor import sql as queries
@@ -35,11 +37,19 @@ def statement(name: str, schema: str) -> bytes:
     return queries.query_bytes(name, schema)
 
 
+FAILED_TRANSACTION = (
+    "the connection's transaction has failed (an earlier statement raised): roll it back"
+    " before using it"
+)
+
+
 @contextlib.contextmanager
 def wrapped() -> Iterator[None]:
     """Turn psycopg's errors into ours, once, at the database boundary."""
     try:
         yield
+    except pg_errors.InFailedSqlTransaction as exc:
+        raise DatabaseError(FAILED_TRANSACTION) from exc
     except pg_errors.UniqueViolation as exc:
         raise InvalidInput(f"unique_key conflict: {exc.diag.message_detail or exc}") from exc
     except pg_errors.CheckViolation as exc:
@@ -188,3 +198,43 @@ async def listen_async(conn: AsyncConn, channel: str) -> None:
 async def unlisten_async(conn: AsyncConn, channel: str) -> None:
     with wrapped():
         await conn.execute(_on_channel("UNLISTEN", channel))
+
+
+# ---- the transaction of a writing call ------------------------------------------------------
+
+
+def _begins_first(conn: Conn | AsyncConn) -> bool:
+    """Whether `atomic` must open the connection's implicit transaction before its savepoint.
+
+    Without autocommit and with nothing sent yet (what Django's atomic() and SQLAlchemy's
+    Session.begin() look like before their first statement), psycopg's transaction() would be
+    the outermost one and COMMIT the caller's transaction: so the implicit transaction is
+    begun first (by a statement: psycopg has no call that only begins it) and transaction()
+    becomes a savepoint in it."""
+    status = conn.info.transaction_status
+    if status == TransactionStatus.INERROR:  # said before psycopg's savepoint fails on it
+        raise DatabaseError(FAILED_TRANSACTION)
+    return status == TransactionStatus.IDLE and not conn.autocommit
+
+
+@contextlib.contextmanager
+def atomic(conn: Conn) -> Iterator[None]:
+    """All of the block or nothing of it, never committing the caller's transaction: its own
+    transaction on an autocommit connection, else a savepoint in the caller's transaction
+    (begun first when the connection has sent nothing yet), which an error rolls back to, so
+    the caller's transaction stays usable. psycopg's errors become ours."""
+    with wrapped():
+        if _begins_first(conn):
+            conn.execute(statement("begin_implicit", DEFAULT_SCHEMA))
+        with conn.transaction():
+            yield
+
+
+@contextlib.asynccontextmanager
+async def atomic_async(conn: AsyncConn) -> AsyncIterator[None]:
+    """`atomic` on an async connection."""
+    with wrapped():
+        if _begins_first(conn):
+            await conn.execute(statement("begin_implicit", DEFAULT_SCHEMA))
+        async with conn.transaction():
+            yield

@@ -1,7 +1,8 @@
 """Enqueue: validation, one job (sync and async), many jobs (INSERT or COPY), bundles.
 
 Jobs with dependencies are inserted waiting and then linked (`link_dependencies`, schema/0005)
-in one savepoint, so an unknown dependency id leaves nothing written.
+in one `atomic` block, so an unknown dependency id leaves nothing written and the caller's
+transaction usable.
 """
 
 from __future__ import annotations
@@ -17,7 +18,14 @@ import psycopg
 from psycopg.rows import scalar_row
 
 from pgq_supervisor.db import rows
-from pgq_supervisor.db.connection import AsyncConn, Conn, statement, wrapped
+from pgq_supervisor.db.connection import (
+    AsyncConn,
+    Conn,
+    atomic,
+    atomic_async,
+    statement,
+    wrapped,
+)
 from pgq_supervisor.db.params import (
     BundleParams,
     EnqueueManyParams,
@@ -137,7 +145,7 @@ def enqueue(conn: Conn, schema: str, job: NewJob) -> JobId:
     deps = params["depends_on"]
     if deps is None:
         return _enqueue_one(conn, schema, job, params)
-    with wrapped(), _unknown_dependency(), conn.transaction():
+    with atomic(conn), _unknown_dependency():
         job_id = _enqueue_one(conn, schema, job, params)
         if job_id == params["id"]:  # else its unique_key is held: that job's links stand
             conn.execute(statement("link_dependencies", schema), _link_params([job_id], [deps]))
@@ -163,8 +171,8 @@ async def enqueue_async(conn: AsyncConn, schema: str, job: NewJob) -> JobId:
     deps = params["depends_on"]
     if deps is None:
         return await _enqueue_one_async(conn, schema, job, params)
-    with wrapped(), _unknown_dependency():
-        async with conn.transaction():
+    async with atomic_async(conn):
+        with _unknown_dependency():
             job_id = await _enqueue_one_async(conn, schema, job, params)
             if job_id == params["id"]:
                 link = _link_params([job_id], [deps])
@@ -298,7 +306,7 @@ def enqueue_many(
     if any(d is not None for d in params["depends_ons"]):
         # Jobs of the batch cannot depend on each other (their ids are made here), so every
         # edge points to a job that existed before: no cycle can form.
-        with wrapped(), _unknown_dependency(), conn.transaction():
+        with atomic(conn), _unknown_dependency():
             out = _insert_many(conn, schema, jobs, params)
             inserted = [(i, job_id) for i, job_id in enumerate(out) if job_id == params["ids"][i]]
             deps = [_dependencies(jobs[i]) for i, _ in inserted]
@@ -376,7 +384,8 @@ def _enqueue_copy(
     bundle = _NULL if bundle_id is None else bundle_id.hex
     trace_context = _copy_text(current_traceparent())
     types: dict[str, str] = {}  # each type of the batch, escaped once
-    with wrapped(), conn.cursor() as cur, cur.copy(statement("enqueue_copy", schema)) as copy:
+    copying = statement("enqueue_copy", schema)
+    with wrapped(), conn.cursor() as cur, cur.copy(copying) as copy:
         for start in range(0, len(jobs), _COPY_CHUNK):
             lines = []
             for i in range(start, min(start + _COPY_CHUNK, len(jobs))):
