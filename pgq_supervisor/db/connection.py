@@ -1,19 +1,22 @@
 """Connections: opening them, naming their errors, and turning psycopg's errors into ours;
-the transaction of a writing call (`atomic`)."""
+the transaction of a writing call (`atomic`) and the cursors of every statement (`cursor`)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 from collections.abc import AsyncIterator, Iterator
-from typing import LiteralString
+from typing import LiteralString, TypeVar
 
 import psycopg
 from psycopg import errors as pg_errors
-from psycopg import sql
+from psycopg import postgres, sql
+from psycopg.abc import Loader
+from psycopg.adapt import AdaptersMap
 from psycopg.conninfo import conninfo_to_dict
-from psycopg.pq import TransactionStatus
-from psycopg.rows import TupleRow
+from psycopg.pq import Format, TransactionStatus
+from psycopg.rows import AsyncRowFactory, RowFactory, TupleRow
+from psycopg.types.json import JsonbLoader, JsonLoader
 
 from pgq_supervisor import sql as queries
 from pgq_supervisor.backoff import Backoff
@@ -21,6 +24,7 @@ from pgq_supervisor.errors import DatabaseError, DatabaseUnavailable, InvalidInp
 
 Conn = psycopg.Connection[TupleRow]
 AsyncConn = psycopg.AsyncConnection[TupleRow]
+R = TypeVar("R")
 
 DEFAULT_SCHEMA = "pgq"
 # psycopg's own default: a statement is prepared on the server from its fifth use. None turns
@@ -238,3 +242,50 @@ async def atomic_async(conn: AsyncConn) -> AsyncIterator[None]:
             await conn.execute(statement("begin_implicit", DEFAULT_SCHEMA))
         async with conn.transaction():
             yield
+
+
+# ---- the cursors of every statement ---------------------------------------------------------
+
+
+def _our_json_loaders() -> list[tuple[int, type[Loader]]]:
+    """psycopg's own json and jsonb loaders (json.loads) of text results (our cursors' format),
+    as register_loader stores them (its C implementation swaps in optimised classes):
+    comparing against those keeps the common case, psycopg's defaults, two look-ups."""
+    ours = AdaptersMap(psycopg.adapters)
+    found = []
+    for name, loader in (("json", JsonLoader), ("jsonb", JsonbLoader)):
+        oid = postgres.types[name].oid
+        ours.register_loader(oid, loader)
+        stored = ours.get_loader(oid, Format.TEXT)
+        assert stored is not None
+        found.append((oid, stored))
+    return found
+
+
+# json and jsonb load as Python values whatever the connection registered: Django loads jsonb
+# as text, and a payload would come back a str.
+_JSON_LOADERS = _our_json_loaders()
+
+
+def _load_json(adapters: AdaptersMap) -> None:
+    """Give a cursor's own adapters (a copy-on-write child of the connection's) our json and
+    jsonb loaders, where the connection's differ; the connection keeps its own."""
+    for oid, loader in _JSON_LOADERS:
+        if adapters.get_loader(oid, Format.TEXT) is not loader:
+            adapters.register_loader(oid, loader)
+
+
+def cursor(conn: Conn, row_factory: RowFactory[R]) -> psycopg.Cursor[R]:
+    """A cursor for the queue's statements, on any connection: every statement of db/ whose
+    rows are read runs on one, so json and jsonb come back as Python values everywhere.
+    (What we write needs nothing: JSON goes as text we made, never through a json dumper.)"""
+    cur = conn.cursor(row_factory=row_factory)
+    _load_json(cur.adapters)
+    return cur
+
+
+def cursor_async(conn: AsyncConn, row_factory: AsyncRowFactory[R]) -> psycopg.AsyncCursor[R]:
+    """`cursor` on an async connection."""
+    cur = conn.cursor(row_factory=row_factory)
+    _load_json(cur.adapters)
+    return cur

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from datetime import datetime
 
 import psycopg
-from psycopg.rows import scalar_row
+from psycopg.rows import scalar_row, tuple_row
 
 from pgq_supervisor.db import rows
 from pgq_supervisor.db.connection import (
@@ -23,6 +23,8 @@ from pgq_supervisor.db.connection import (
     Conn,
     atomic,
     atomic_async,
+    cursor,
+    cursor_async,
     statement,
     wrapped,
 )
@@ -157,7 +159,7 @@ def _enqueue_one(conn: Conn, schema: str, job: NewJob, params: EnqueueRow) -> Jo
         if job.unique_key is None:
             conn.execute(statement("enqueue", schema), params)
             return JobId(params["id"])
-        with conn.cursor(row_factory=scalar_row) as cur:
+        with cursor(conn, scalar_row) as cur:
             inserted: uuid.UUID | None = cur.execute(
                 statement("enqueue_unique", schema), params
             ).fetchone()
@@ -187,13 +189,13 @@ async def _enqueue_one_async(
         if job.unique_key is None:
             await conn.execute(statement("enqueue", schema), params)
             return JobId(params["id"])
-        async with conn.cursor(row_factory=scalar_row) as cur:
+        async with cursor_async(conn, scalar_row) as cur:
             await cur.execute(statement("enqueue_unique", schema), params)
             inserted: uuid.UUID | None = await cur.fetchone()
         if inserted is not None:
             return JobId(inserted)
         keys: UniqueKeysParams = {"keys": [job.unique_key]}
-        async with conn.cursor(row_factory=rows.UNIQUE_HOLDER) as holders:
+        async with cursor_async(conn, rows.UNIQUE_HOLDER) as holders:
             await holders.execute(statement("unfinished_by_unique_keys", schema), keys)
             found = await holders.fetchall()
         return _resolve_existing(keys["keys"], found)[0]
@@ -201,7 +203,7 @@ async def _enqueue_one_async(
 
 def _existing_for_keys(conn: Conn, schema: str, keys: list[str | None]) -> list[JobId]:
     params: UniqueKeysParams = {"keys": keys}
-    with conn.cursor(row_factory=rows.UNIQUE_HOLDER) as cur:
+    with cursor(conn, rows.UNIQUE_HOLDER) as cur:
         found = cur.execute(statement("unfinished_by_unique_keys", schema), params).fetchall()
     return _resolve_existing(keys, found)
 
@@ -321,7 +323,7 @@ def _insert_many(
     conn: Conn, schema: str, jobs: Sequence[NewJob], params: EnqueueManyParams
 ) -> list[JobId]:
     out = [JobId(i) for i in params["ids"]]
-    with wrapped(), conn.cursor(row_factory=scalar_row) as cur:
+    with wrapped(), cursor(conn, scalar_row) as cur:
         inserted: set[uuid.UUID] = set(
             cur.execute(statement("enqueue_many", schema), params).fetchall()
         )
@@ -385,7 +387,7 @@ def _enqueue_copy(
     trace_context = _copy_text(current_traceparent())
     types: dict[str, str] = {}  # each type of the batch, escaped once
     copying = statement("enqueue_copy", schema)
-    with wrapped(), conn.cursor() as cur, cur.copy(copying) as copy:
+    with wrapped(), cursor(conn, tuple_row) as cur, cur.copy(copying) as copy:
         for start in range(0, len(jobs), _COPY_CHUNK):
             lines = []
             for i in range(start, min(start + _COPY_CHUNK, len(jobs))):
@@ -423,7 +425,7 @@ def insert_bundle(
         "num_jobs": num_jobs,
         "on_complete": on_complete,
     }
-    with wrapped(), conn.cursor(row_factory=rows.BUNDLE) as cur:
+    with wrapped(), cursor(conn, rows.BUNDLE) as cur:
         bundle = cur.execute(statement("insert_bundle", schema), params).fetchone()
     assert bundle is not None
     return bundle
