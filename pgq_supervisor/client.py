@@ -311,6 +311,8 @@ class Producer:
             raise TypeError("this Producer wraps a ConnectionPool: use enqueue")
         return self._pool
 
+    # Each method owns its pooled connection: its transaction() is the outermost one and
+    # commits (the calls inside it join it, in a savepoint where they need one).
     def enqueue(
         self, type: str, payload: JsonValue = None, **options: Unpack[EnqueueOptions]
     ) -> JobId:

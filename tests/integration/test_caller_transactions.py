@@ -13,7 +13,7 @@ import asyncio
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from typing import LiteralString
+from typing import Generic, LiteralString, TypeVar
 
 import psycopg
 import pytest
@@ -27,6 +27,8 @@ from pgq_supervisor.jobs import JobId, JobState
 from tests.integration.caller_states import ASYNC_STATES, SYNC_STATES, case_id, matrix
 from tests.integration.support import finished
 
+C = TypeVar("C", Conn, AsyncConn)
+R = TypeVar("R")
 MISSING = JobId(uuid.UUID("00000000-0000-4000-8000-000000000000"))  # names no job
 # Everything a writer could touch, to show that a rolled-back call left nothing behind.
 TABLES: list[LiteralString] = ["job", "job_bundle", "job_dependency", "type_pause"]
@@ -74,23 +76,22 @@ def _nothing(conn: Conn) -> JobId:
 
 
 @dataclass(frozen=True)
-class Writer:
+class Writer(Generic[C, R]):
     name: str
-    call: Callable[[Conn, JobId], object]  # gets what `prepare` returned
+    call: Callable[[C, JobId], R]  # gets what `prepare` returned
     effect: LiteralString  # one row, read on another connection
     applied: tuple[object, ...]  # that row once the call's transaction committed
     prepare: Callable[[Conn], JobId] = _nothing
 
 
-SYNC_WRITERS = [
+def _one_dependent(name: str, call: Callable[[C, JobId], R]) -> Writer[C, R]:
+    """A writer of one job that depends on a pending one."""
+    return Writer(name, call, COUNT_W_AND_EDGES, (1, 1), _pending)
+
+
+SYNC_WRITERS: list[Writer[Conn, object]] = [
     Writer("enqueue", lambda c, _: pgq.enqueue(c, W, {"n": 1}), COUNT_W, (1,)),
-    Writer(
-        "enqueue_depends_on",
-        lambda c, dep: pgq.enqueue(c, W, depends_on=[dep]),
-        COUNT_W_AND_EDGES,
-        (1, 1),
-        _pending,
-    ),
+    _one_dependent("enqueue_depends_on", lambda c, dep: pgq.enqueue(c, W, depends_on=[dep])),
     Writer("enqueue_many", lambda c, _: pgq.enqueue_many(c, [pgq.NewJob(W)] * 3), COUNT_W, (3,)),
     Writer(
         "enqueue_many_unique",
@@ -133,23 +134,10 @@ SYNC_WRITERS = [
 ]
 
 
-@dataclass(frozen=True)
-class AsyncWriter:
-    name: str
-    call: Callable[[AsyncConn, JobId], Awaitable[object]]
-    effect: LiteralString
-    applied: tuple[object, ...]
-    prepare: Callable[[Conn], JobId] = _nothing
-
-
-ASYNC_WRITERS = [
-    AsyncWriter("enqueue_async", lambda c, _: pgq.enqueue_async(c, W, {"n": 1}), COUNT_W, (1,)),
-    AsyncWriter(
-        "enqueue_async_depends_on",
-        lambda c, dep: pgq.enqueue_async(c, W, depends_on=[dep]),
-        COUNT_W_AND_EDGES,
-        (1, 1),
-        _pending,
+ASYNC_WRITERS: list[Writer[AsyncConn, Awaitable[object]]] = [
+    Writer("enqueue_async", lambda c, _: pgq.enqueue_async(c, W, {"n": 1}), COUNT_W, (1,)),
+    _one_dependent(
+        "enqueue_async_depends_on", lambda c, dep: pgq.enqueue_async(c, W, depends_on=[dep])
     ),
 ]
 
@@ -168,7 +156,10 @@ def row(conn: Conn, query: LiteralString) -> tuple[object, ...]:
 
 
 def _check(
-    conn: Conn, before: dict[str, list[tuple[object, ...]]], w: Writer | AsyncWriter, commit: bool
+    conn: Conn,
+    before: dict[str, list[tuple[object, ...]]],
+    w: Writer[Conn, object] | Writer[AsyncConn, Awaitable[object]],
+    commit: bool,
 ) -> None:
     if commit:
         assert row(conn, w.effect) == w.applied, "the committed call's effect is missing"
@@ -182,7 +173,7 @@ def _check(
 @pytest.mark.parametrize(("state", "commit"), matrix(SYNC_STATES), ids=case_id)
 @pytest.mark.parametrize("writer", SYNC_WRITERS, ids=lambda w: w.name)
 def test_a_writer_commits_and_rolls_back_with_the_caller(
-    conn: Conn, dsn: str, writer: Writer, state: str, commit: bool
+    conn: Conn, dsn: str, writer: Writer[Conn, object], state: str, commit: bool
 ) -> None:
     ctx = writer.prepare(conn)
     before = snapshot(conn)
@@ -196,7 +187,7 @@ def test_a_writer_commits_and_rolls_back_with_the_caller(
 @pytest.mark.parametrize(("state", "commit"), matrix(ASYNC_STATES), ids=case_id)
 @pytest.mark.parametrize("writer", ASYNC_WRITERS, ids=lambda w: w.name)
 def test_an_async_writer_commits_and_rolls_back_with_the_caller(
-    conn: Conn, dsn: str, writer: AsyncWriter, state: str, commit: bool
+    conn: Conn, dsn: str, writer: Writer[AsyncConn, Awaitable[object]], state: str, commit: bool
 ) -> None:
     ctx = writer.prepare(conn)
     before = snapshot(conn)
@@ -274,7 +265,7 @@ def test_an_error_inside_an_async_writer_leaves_the_callers_transaction_usable(
 
 @pytest.mark.parametrize("writer", SYNC_WRITERS, ids=lambda w: w.name)
 def test_a_writer_on_a_failed_transaction_says_so_and_writes_nothing(
-    conn: Conn, dsn: str, writer: Writer
+    conn: Conn, dsn: str, writer: Writer[Conn, object]
 ) -> None:
     ctx = writer.prepare(conn)
     before = snapshot(conn)
@@ -291,7 +282,7 @@ def test_a_writer_on_a_failed_transaction_says_so_and_writes_nothing(
 
 @pytest.mark.parametrize("writer", ASYNC_WRITERS, ids=lambda w: w.name)
 def test_an_async_writer_on_a_failed_transaction_says_so_and_writes_nothing(
-    conn: Conn, dsn: str, writer: AsyncWriter
+    conn: Conn, dsn: str, writer: Writer[AsyncConn, Awaitable[object]]
 ) -> None:
     ctx = writer.prepare(conn)
     before = snapshot(conn)
