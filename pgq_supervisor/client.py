@@ -171,7 +171,7 @@ def enqueue_bundle(
     if any(j.unique_key is not None for j in jobs):
         raise InvalidInput("bundle jobs cannot have a unique_key (the bundle would miscount)")
     s = _schema(schema)
-    with db.wrapped(), conn.transaction():
+    with db.atomic(conn):
         bundle = db.insert_bundle(conn, s, type, len(jobs), origin, on_complete)
         db.enqueue_many(conn, s, jobs, bundle_id=bundle.id)
     return bundle
@@ -316,6 +316,8 @@ class Producer:
             raise TypeError("this Producer wraps a ConnectionPool: use enqueue")
         return self._pool
 
+    # Each method owns its pooled connection: its transaction() is the outermost one and
+    # commits (the calls inside it join it, in a savepoint where they need one).
     def enqueue(
         self, type: str, payload: JsonValue = None, **options: Unpack[EnqueueOptions]
     ) -> JobId:

@@ -22,7 +22,7 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import TupleRow
 
-from pgq_supervisor.db import wrapped
+from pgq_supervisor.db import atomic, wrapped
 from pgq_supervisor.errors import PgqError
 
 _FILE_RE = re.compile(r"^(\d{4})_(\w+)\.sql$")
@@ -77,12 +77,13 @@ def migrate(conn: psycopg.Connection[TupleRow], schema: str) -> list[int]:
     """Bring `schema` up to the newest migration. Returns the versions applied now.
 
     Safe to call from many processes at once: they serialise on an advisory lock and the later
-    ones find nothing to do. Everything happens in one transaction: a failing migration
-    leaves the database as it was.
+    ones find nothing to do. Everything happens in one `atomic` block (its own transaction on
+    an autocommit connection, else a savepoint in the caller's, which commits it and holds the
+    lock until then): a failing migration leaves the database as it was.
     """
     ident = sql.Identifier(schema)
     done: list[int] = []
-    with wrapped(), conn.transaction():
+    with atomic(conn):
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
         conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(ident))
         conn.execute(
@@ -93,6 +94,8 @@ def migrate(conn: psycopg.Connection[TupleRow], schema: str) -> list[int]:
             ).format(ident)
         )
         current = set(applied_versions(conn, schema))
+        # In the caller's transaction a SET LOCAL outlives the savepoint: put its path back after.
+        callers_path = conn.execute("SELECT current_setting('search_path')").fetchone()
         conn.execute(sql.SQL("SET LOCAL search_path TO {}, pg_catalog").format(ident))
         for mig in available():
             if mig.version in current:
@@ -107,4 +110,5 @@ def migrate(conn: psycopg.Connection[TupleRow], schema: str) -> list[int]:
                 (mig.version, mig.name),
             )
             done.append(mig.version)
+        conn.execute("SELECT set_config('search_path', %s, true)", callers_path)
     return done

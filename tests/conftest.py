@@ -9,6 +9,7 @@ import os
 import tempfile
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
@@ -80,9 +81,8 @@ def template_db(server_dsn: str) -> Iterator[str]:
         )
 
 
-@pytest.fixture
-def dsn(server_dsn: str, template_db: str) -> Iterator[str]:
-    """A fresh, migrated database for this test alone."""
+@contextmanager
+def _migrated_copy(server_dsn: str, template_db: str) -> Iterator[str]:
     name = f"pgq_t_{uuid.uuid4().hex[:12]}"
     ident = psycopg.sql.Identifier(name)
     with _admin(server_dsn) as admin:
@@ -94,6 +94,21 @@ def dsn(server_dsn: str, template_db: str) -> Iterator[str]:
     yield make_conninfo(server_dsn, dbname=name)
     with _admin(server_dsn) as admin:
         admin.execute(psycopg.sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(ident))
+
+
+@pytest.fixture
+def dsn(server_dsn: str, template_db: str) -> Iterator[str]:
+    """A fresh, migrated database for this test alone."""
+    with _migrated_copy(server_dsn, template_db) as fresh:
+        yield fresh
+
+
+@pytest.fixture(scope="module")
+def module_dsn(server_dsn: str, template_db: str) -> Iterator[str]:
+    """A fresh, migrated database for one module, whose tests empty what they wrote (for
+    modules of many small cases, where a database per test would cost most of their time)."""
+    with _migrated_copy(server_dsn, template_db) as fresh:
+        yield fresh
 
 
 @pytest.fixture

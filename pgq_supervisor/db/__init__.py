@@ -1,8 +1,9 @@
 """The only package that executes SQL. Statements come from sql/queries.sql by name.
 
 Functions here never commit: the caller owns the transaction (or uses an autocommit
-connection). psycopg errors are wrapped once, here, into `DatabaseError`. By concern:
-`connection` (connecting, error mapping), `enqueueing`, `lifecycle` (the worker's side and the
+connection); several statements that must land together run in `atomic`. psycopg errors are
+wrapped once, here, into `DatabaseError`. By concern: `connection` (connecting, error mapping,
+`atomic`), `enqueueing`, `lifecycle` (the worker's side and the
 rescue), `admin`, `control` (pauses and rates), `watching` (waiters and progress), `schedules`
 (periodic jobs), `supervisors` (registered supervisors), `dashboard` (the web dashboard's
 reads), `catalog` (the schema read back, for schema-dump); `params` and `rows` type what goes
@@ -30,6 +31,8 @@ from pgq_supervisor.db.connection import (
     AsyncConn,
     Conn,
     asynchronous_commit_sql,
+    atomic,
+    atomic_async,
     connect,
     connect_at_startup,
     counting_reads,
@@ -118,6 +121,8 @@ __all__ = [
     "TypeControl",
     "TypeLimit",
     "asynchronous_commit_sql",
+    "atomic",
+    "atomic_async",
     "bundles_page",
     "cancel",
     "cancelled_among",

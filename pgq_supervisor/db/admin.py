@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
-from psycopg.rows import scalar_row
+from psycopg.rows import scalar_row, tuple_row
 
 from pgq_supervisor.db import rows
-from pgq_supervisor.db.connection import Conn, statement, wrapped
+from pgq_supervisor.db.connection import Conn, cursor, statement, wrapped
 from pgq_supervisor.db.params import (
     DeleteFinishedParams,
     DepthParams,
@@ -26,7 +26,7 @@ from pgq_supervisor.jobs import Bundle, BundleId, JobId, JobRecord, JobState, Ty
 
 def _job_state(conn: Conn, schema: str, job_id: JobId) -> JobState:
     params: IdParams = {"id": job_id}
-    with conn.cursor(row_factory=scalar_row) as cur:
+    with cursor(conn, scalar_row) as cur:
         state: str | None = cur.execute(statement("job_state", schema), params).fetchone()
     if state is None:
         raise JobNotFound(f"no job with id {job_id}")
@@ -37,7 +37,7 @@ def cancel(conn: Conn, schema: str, job_id: JobId) -> rows.CancelResult:
     """Cancel a pending or running job (see the `cancel` statement). The result says the state
     it was in and whether it is cancelled now; JobNotFound for an unknown id."""
     params: IdParams = {"id": job_id}
-    with wrapped(), conn.cursor(row_factory=rows.CANCEL_RESULT) as cur:
+    with wrapped(), cursor(conn, rows.CANCEL_RESULT) as cur:
         result = cur.execute(statement("cancel", schema), params).fetchone()
     if result is None:
         raise JobNotFound(f"no job with id {job_id}")
@@ -47,7 +47,7 @@ def cancel(conn: Conn, schema: str, job_id: JobId) -> rows.CancelResult:
 def cancelled_among(conn: Conn, schema: str, ids: Sequence[JobId]) -> set[JobId]:
     """Which of `ids` are cancelled (the supervisor's check behind pgq_job_cancel)."""
     params: IdsParams = {"ids": list(ids)}
-    with wrapped(), conn.cursor(row_factory=scalar_row) as cur:
+    with wrapped(), cursor(conn, scalar_row) as cur:
         return set(cur.execute(statement("cancelled_among", schema), params).fetchall())
 
 
@@ -55,21 +55,22 @@ def reset(conn: Conn, schema: str, job_id: JobId, force: bool) -> JobState | Non
     """Reset a job to pending. Returns None when done, else the state that prevented it."""
     params: ResetParams = {"id": job_id, "force": force}
     with wrapped():
-        if conn.execute(statement("reset", schema), params).fetchone() is not None:
-            return None
+        with cursor(conn, tuple_row) as cur:
+            if cur.execute(statement("reset", schema), params).fetchone() is not None:
+                return None
         return _job_state(conn, schema, job_id)
 
 
 def retry_failed(conn: Conn, schema: str, type_: str | None) -> int:
     params: TypeFilterParams = {"type": type_}
-    with wrapped(), conn.cursor(row_factory=scalar_row) as cur:
+    with wrapped(), cursor(conn, scalar_row) as cur:
         count: int | None = cur.execute(statement("retry_failed", schema), params).fetchone()
     return 0 if count is None else int(count)
 
 
 def get_job(conn: Conn, schema: str, job_id: JobId) -> JobRecord:
     params: IdParams = {"id": job_id}
-    with wrapped(), conn.cursor(row_factory=rows.JOB_RECORD) as cur:
+    with wrapped(), cursor(conn, rows.JOB_RECORD) as cur:
         job = cur.execute(statement("get_job", schema), params).fetchone()
     if job is None:
         raise JobNotFound(f"no job with id {job_id}")
@@ -78,7 +79,7 @@ def get_job(conn: Conn, schema: str, job_id: JobId) -> JobRecord:
 
 def get_bundle(conn: Conn, schema: str, bundle_id: BundleId) -> Bundle:
     params: IdParams = {"id": bundle_id}
-    with wrapped(), conn.cursor(row_factory=rows.BUNDLE) as cur:
+    with wrapped(), cursor(conn, rows.BUNDLE) as cur:
         bundle = cur.execute(statement("get_bundle", schema), params).fetchone()
     if bundle is None:
         raise JobNotFound(f"no bundle with id {bundle_id}")
@@ -89,7 +90,7 @@ def list_jobs(
     conn: Conn, schema: str, state: JobState, type_: str | None, limit: int
 ) -> list[JobRecord]:
     params: ListJobsParams = {"state": state.value, "type": type_, "limit": limit}
-    with wrapped(), conn.cursor(row_factory=rows.JOB_RECORD) as cur:
+    with wrapped(), cursor(conn, rows.JOB_RECORD) as cur:
         return cur.execute(statement("list_jobs", schema), params).fetchall()
 
 
@@ -125,7 +126,7 @@ def delete_finished(
 
 def queue_stats(conn: Conn, schema: str, *, active_only: bool = False) -> list[TypeStats]:
     """Counts per type and state; `active_only` reads just pending and running jobs (cheap)."""
-    with wrapped(), conn.cursor(row_factory=rows.TYPE_STATS) as cur:
+    with wrapped(), cursor(conn, rows.TYPE_STATS) as cur:
         return cur.execute(
             statement("active_stats" if active_only else "queue_stats", schema)
         ).fetchall()
@@ -134,13 +135,13 @@ def queue_stats(conn: Conn, schema: str, *, active_only: bool = False) -> list[T
 def depth(conn: Conn, schema: str, type_: str | None = None) -> int:
     """Jobs a claim could take now (of `type_`, or of every type): the schema's depth()."""
     params: DepthParams = {"types": None if type_ is None else [type_]}
-    with wrapped(), conn.cursor(row_factory=scalar_row) as cur:
+    with wrapped(), cursor(conn, scalar_row) as cur:
         count: int | None = cur.execute(statement("depth", schema), params).fetchone()
     return 0 if count is None else int(count)
 
 
 def db_now(conn: Conn, schema: str) -> datetime:
-    with wrapped(), conn.cursor(row_factory=scalar_row) as cur:
+    with wrapped(), cursor(conn, scalar_row) as cur:
         now: datetime | None = cur.execute(statement("now", schema)).fetchone()
     assert now is not None
     return now
@@ -151,7 +152,7 @@ def summary_by_origin(
 ) -> list[tuple[str, JobState, int, float | None, int]]:
     """(type, state, count, mean seconds, failed attempts) for the jobs of one origin."""
     params: OriginParams = {"origin": origin}
-    with wrapped(), conn.cursor(row_factory=rows.ORIGIN_SUMMARY) as cur:
+    with wrapped(), cursor(conn, rows.ORIGIN_SUMMARY) as cur:
         summary: list[rows.OriginSummary] = cur.execute(
             statement("summary_by_origin", schema), params
         ).fetchall()

@@ -1,16 +1,21 @@
-"""Connections: opening them, naming their errors, and turning psycopg's errors into ours."""
+"""Connections: opening them, naming their errors, and turning psycopg's errors into ours;
+the transaction of a writing call (`atomic`) and the cursors of every statement (`cursor`)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
-from typing import LiteralString
+from collections.abc import AsyncIterator, Iterator
+from typing import LiteralString, TypeVar
 
 import psycopg
 from psycopg import errors as pg_errors
-from psycopg import sql
-from psycopg.rows import TupleRow
+from psycopg import postgres, sql
+from psycopg.abc import Loader
+from psycopg.adapt import AdaptersMap
+from psycopg.pq import Format, TransactionStatus
+from psycopg.rows import AsyncRowFactory, RowFactory, TupleRow
+from psycopg.types.json import JsonbLoader, JsonLoader
 
 from pgq_supervisor import sql as queries
 from pgq_supervisor.backoff import Backoff
@@ -19,6 +24,7 @@ from pgq_supervisor.redaction import hide_password, redact
 
 Conn = psycopg.Connection[TupleRow]
 AsyncConn = psycopg.AsyncConnection[TupleRow]
+R = TypeVar("R")
 
 DEFAULT_SCHEMA = "pgq"
 # psycopg's own default: a statement is prepared on the server from its fifth use. None turns
@@ -35,11 +41,19 @@ def statement(name: str, schema: str) -> bytes:
     return queries.query_bytes(name, schema)
 
 
+FAILED_TRANSACTION = (
+    "the connection's transaction has failed (an earlier statement raised): roll it back"
+    " before using it"
+)
+
+
 @contextlib.contextmanager
 def wrapped() -> Iterator[None]:
     """Turn psycopg's errors into ours, once, at the database boundary."""
     try:
         yield
+    except pg_errors.InFailedSqlTransaction as exc:
+        raise DatabaseError(FAILED_TRANSACTION) from exc
     except pg_errors.UniqueViolation as exc:
         raise InvalidInput(f"unique_key conflict: {exc.diag.message_detail or exc}") from exc
     except pg_errors.CheckViolation as exc:
@@ -193,3 +207,90 @@ async def listen_async(conn: AsyncConn, channel: str) -> None:
 async def unlisten_async(conn: AsyncConn, channel: str) -> None:
     with wrapped():
         await conn.execute(_on_channel("UNLISTEN", channel))
+
+
+# ---- the transaction of a writing call ------------------------------------------------------
+
+
+def _begins_first(conn: Conn | AsyncConn) -> bool:
+    """Whether `atomic` must open the connection's implicit transaction before its savepoint.
+
+    Without autocommit and with nothing sent yet (what Django's atomic() and SQLAlchemy's
+    Session.begin() look like before their first statement), psycopg's transaction() would be
+    the outermost one and COMMIT the caller's transaction: so the implicit transaction is
+    begun first (by a statement: psycopg has no call that only begins it) and transaction()
+    becomes a savepoint in it."""
+    status = conn.info.transaction_status
+    if status == TransactionStatus.INERROR:  # said before psycopg's savepoint fails on it
+        raise DatabaseError(FAILED_TRANSACTION)
+    return status == TransactionStatus.IDLE and not conn.autocommit
+
+
+@contextlib.contextmanager
+def atomic(conn: Conn) -> Iterator[None]:
+    """All of the block or nothing of it, never committing the caller's transaction: its own
+    transaction on an autocommit connection, else a savepoint in the caller's transaction
+    (begun first when the connection has sent nothing yet), which an error rolls back to, so
+    the caller's transaction stays usable. psycopg's errors become ours."""
+    with wrapped():
+        if _begins_first(conn):
+            conn.execute(statement("begin_implicit", DEFAULT_SCHEMA))
+        with conn.transaction():
+            yield
+
+
+@contextlib.asynccontextmanager
+async def atomic_async(conn: AsyncConn) -> AsyncIterator[None]:
+    """`atomic` on an async connection."""
+    with wrapped():
+        if _begins_first(conn):
+            await conn.execute(statement("begin_implicit", DEFAULT_SCHEMA))
+        async with conn.transaction():
+            yield
+
+
+# ---- the cursors of every statement ---------------------------------------------------------
+
+
+def _our_json_loaders() -> list[tuple[int, type[Loader]]]:
+    """psycopg's own json and jsonb loaders (json.loads) of text results (our cursors' format),
+    as register_loader stores them (its C implementation swaps in optimised classes):
+    comparing against those keeps the common case, psycopg's defaults, two look-ups."""
+    ours = AdaptersMap(psycopg.adapters)
+    found = []
+    for name, loader in (("json", JsonLoader), ("jsonb", JsonbLoader)):
+        oid = postgres.types[name].oid
+        ours.register_loader(oid, loader)
+        stored = ours.get_loader(oid, Format.TEXT)
+        assert stored is not None
+        found.append((oid, stored))
+    return found
+
+
+# json and jsonb load as Python values whatever the connection registered: Django loads jsonb
+# as text, and a payload would come back a str.
+_JSON_LOADERS = _our_json_loaders()
+
+
+def _load_json(adapters: AdaptersMap) -> None:
+    """Give a cursor's own adapters (a copy-on-write child of the connection's) our json and
+    jsonb loaders, where the connection's differ; the connection keeps its own."""
+    for oid, loader in _JSON_LOADERS:
+        if adapters.get_loader(oid, Format.TEXT) is not loader:
+            adapters.register_loader(oid, loader)
+
+
+def cursor(conn: Conn, row_factory: RowFactory[R]) -> psycopg.Cursor[R]:
+    """A cursor for the queue's statements, on any connection: every statement of db/ whose
+    rows are read runs on one, so json and jsonb come back as Python values everywhere.
+    (What we write needs nothing: JSON goes as text we made, never through a json dumper.)"""
+    cur = conn.cursor(row_factory=row_factory)
+    _load_json(cur.adapters)
+    return cur
+
+
+def cursor_async(conn: AsyncConn, row_factory: AsyncRowFactory[R]) -> psycopg.AsyncCursor[R]:
+    """`cursor` on an async connection."""
+    cur = conn.cursor(row_factory=row_factory)
+    _load_json(cur.adapters)
+    return cur

@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 
-from psycopg.rows import scalar_row
+from psycopg.rows import scalar_row, tuple_row
 
 from pgq_supervisor.db import rows
-from pgq_supervisor.db.connection import Conn, statement, wrapped
+from pgq_supervisor.db.connection import Conn, cursor, statement, wrapped
 from pgq_supervisor.db.params import (
     PauseParams,
     SyncLimitsParams,
@@ -24,7 +24,7 @@ def pause(
 ) -> datetime | None:
     """Pause `type_`; returns when, or None if it was paused already (then nothing changes)."""
     params: PauseParams = {"type": type_, "paused_by": paused_by, "reason": reason}
-    with wrapped(), conn.cursor(row_factory=scalar_row) as cur:
+    with wrapped(), cursor(conn, scalar_row) as cur:
         paused_at: datetime | None = cur.execute(statement("pause_type", schema), params).fetchone()
     return paused_at
 
@@ -32,13 +32,13 @@ def pause(
 def resume(conn: Conn, schema: str, type_: str) -> bool:
     """Resume `type_` and wake its workers (on commit); False if it was not paused."""
     params: TypeParams = {"type": type_}
-    with wrapped():
-        return conn.execute(statement("resume_type", schema), params).fetchone() is not None
+    with wrapped(), cursor(conn, tuple_row) as cur:
+        return cur.execute(statement("resume_type", schema), params).fetchone() is not None
 
 
 def type_controls(conn: Conn, schema: str) -> list[rows.TypeControl]:
     """Every paused or rate-limited type, by name."""
-    with wrapped(), conn.cursor(row_factory=rows.TYPE_CONTROL) as cur:
+    with wrapped(), cursor(conn, rows.TYPE_CONTROL) as cur:
         return cur.execute(statement("type_controls", schema)).fetchall()
 
 
@@ -62,7 +62,7 @@ def rate_next_due(conn: Conn, schema: str, types: Sequence[str]) -> float | None
     """Seconds until a start frees up for a rated type of `types` whose window is full now
     (None: no such type)."""
     params: TypesParams = {"types": list(types)}
-    with wrapped(), conn.cursor(row_factory=scalar_row) as cur:
+    with wrapped(), cursor(conn, scalar_row) as cur:
         seconds: float | None = cur.execute(statement("rate_next_due", schema), params).fetchone()
     return None if seconds is None else float(seconds)
 
@@ -88,5 +88,5 @@ def sync_limits(
 
 def type_limits(conn: Conn, schema: str) -> list[rows.TypeLimit]:
     """Every type with a concurrency limit, by name, with its running and held-back jobs."""
-    with wrapped(), conn.cursor(row_factory=rows.TYPE_LIMIT) as cur:
+    with wrapped(), cursor(conn, rows.TYPE_LIMIT) as cur:
         return cur.execute(statement("type_limits", schema)).fetchall()

@@ -8,7 +8,7 @@ from datetime import datetime
 from psycopg.rows import scalar_row
 
 from pgq_supervisor.db import rows
-from pgq_supervisor.db.connection import Conn, statement, wrapped
+from pgq_supervisor.db.connection import Conn, cursor, statement, wrapped
 from pgq_supervisor.db.params import (
     IdLimitParams,
     IdParams,
@@ -43,25 +43,25 @@ def jobs_page(
         "before_id": None if before is None else before[1],
         "limit": limit,
     }
-    with wrapped(), conn.cursor(row_factory=rows.JOB_LISTED) as cur:
+    with wrapped(), cursor(conn, rows.JOB_LISTED) as cur:
         return cur.execute(statement("jobs_page", schema), params).fetchall()
 
 
 def job_dependencies(conn: Conn, schema: str, job_id: JobId) -> list[rows.JobLink]:
     params: IdParams = {"id": job_id}
-    with wrapped(), conn.cursor(row_factory=rows.JOB_LINK) as cur:
+    with wrapped(), cursor(conn, rows.JOB_LINK) as cur:
         return cur.execute(statement("job_dependencies", schema), params).fetchall()
 
 
 def job_dependents(conn: Conn, schema: str, job_id: JobId, limit: int) -> list[rows.JobLink]:
     params: IdLimitParams = {"id": job_id, "limit": limit}
-    with wrapped(), conn.cursor(row_factory=rows.JOB_LINK) as cur:
+    with wrapped(), cursor(conn, rows.JOB_LINK) as cur:
         return cur.execute(statement("job_dependents", schema), params).fetchall()
 
 
 def bundles_page(conn: Conn, schema: str, limit: int) -> list[rows.BundleListed]:
     params: LimitParams = {"limit": limit}
-    with wrapped(), conn.cursor(row_factory=rows.BUNDLE_LISTED) as cur:
+    with wrapped(), cursor(conn, rows.BUNDLE_LISTED) as cur:
         return cur.execute(statement("bundles_page", schema), params).fetchall()
 
 
@@ -69,14 +69,14 @@ def throughput(conn: Conn, schema: str, minutes: int) -> list[rows.ThroughputMin
     """Succeeded and failed jobs per minute over the last `minutes` (the current one too);
     minutes without any are missing."""
     params: MinutesParams = {"minutes": minutes}
-    with wrapped(), conn.cursor(row_factory=rows.THROUGHPUT_MINUTE) as cur:
+    with wrapped(), cursor(conn, rows.THROUGHPUT_MINUTE) as cur:
         return cur.execute(statement("throughput", schema), params).fetchall()
 
 
 def delete_job(conn: Conn, schema: str, job_id: JobId) -> bool:
     """Delete one finished job; False when it is unknown or not finished (nothing changes)."""
     params: IdParams = {"id": job_id}
-    with wrapped(), conn.cursor(row_factory=scalar_row) as cur:
+    with wrapped(), cursor(conn, scalar_row) as cur:
         return cur.execute(statement("delete_job", schema), params).fetchone() is not None
 
 

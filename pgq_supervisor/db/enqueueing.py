@@ -1,7 +1,8 @@
 """Enqueue: validation, one job (sync and async), many jobs (INSERT or COPY), bundles.
 
 Jobs with dependencies are inserted waiting and then linked (`link_dependencies`, schema/0005)
-in one savepoint, so an unknown dependency id leaves nothing written.
+in one `atomic` block, so an unknown dependency id leaves nothing written and the caller's
+transaction usable.
 """
 
 from __future__ import annotations
@@ -14,10 +15,19 @@ from contextlib import contextmanager
 from datetime import datetime
 
 import psycopg
-from psycopg.rows import scalar_row
+from psycopg.rows import scalar_row, tuple_row
 
 from pgq_supervisor.db import rows
-from pgq_supervisor.db.connection import AsyncConn, Conn, statement, wrapped
+from pgq_supervisor.db.connection import (
+    AsyncConn,
+    Conn,
+    atomic,
+    atomic_async,
+    cursor,
+    cursor_async,
+    statement,
+    wrapped,
+)
 from pgq_supervisor.db.params import (
     BundleParams,
     EnqueueManyParams,
@@ -137,7 +147,7 @@ def enqueue(conn: Conn, schema: str, job: NewJob) -> JobId:
     deps = params["depends_on"]
     if deps is None:
         return _enqueue_one(conn, schema, job, params)
-    with wrapped(), _unknown_dependency(), conn.transaction():
+    with atomic(conn), _unknown_dependency():
         job_id = _enqueue_one(conn, schema, job, params)
         if job_id == params["id"]:  # else its unique_key is held: that job's links stand
             conn.execute(statement("link_dependencies", schema), _link_params([job_id], [deps]))
@@ -149,7 +159,7 @@ def _enqueue_one(conn: Conn, schema: str, job: NewJob, params: EnqueueRow) -> Jo
         if job.unique_key is None:
             conn.execute(statement("enqueue", schema), params)
             return JobId(params["id"])
-        with conn.cursor(row_factory=scalar_row) as cur:
+        with cursor(conn, scalar_row) as cur:
             inserted: uuid.UUID | None = cur.execute(
                 statement("enqueue_unique", schema), params
             ).fetchone()
@@ -163,8 +173,8 @@ async def enqueue_async(conn: AsyncConn, schema: str, job: NewJob) -> JobId:
     deps = params["depends_on"]
     if deps is None:
         return await _enqueue_one_async(conn, schema, job, params)
-    with wrapped(), _unknown_dependency():
-        async with conn.transaction():
+    async with atomic_async(conn):
+        with _unknown_dependency():
             job_id = await _enqueue_one_async(conn, schema, job, params)
             if job_id == params["id"]:
                 link = _link_params([job_id], [deps])
@@ -179,13 +189,13 @@ async def _enqueue_one_async(
         if job.unique_key is None:
             await conn.execute(statement("enqueue", schema), params)
             return JobId(params["id"])
-        async with conn.cursor(row_factory=scalar_row) as cur:
+        async with cursor_async(conn, scalar_row) as cur:
             await cur.execute(statement("enqueue_unique", schema), params)
             inserted: uuid.UUID | None = await cur.fetchone()
         if inserted is not None:
             return JobId(inserted)
         keys: UniqueKeysParams = {"keys": [job.unique_key]}
-        async with conn.cursor(row_factory=rows.UNIQUE_HOLDER) as holders:
+        async with cursor_async(conn, rows.UNIQUE_HOLDER) as holders:
             await holders.execute(statement("unfinished_by_unique_keys", schema), keys)
             found = await holders.fetchall()
         return _resolve_existing(keys["keys"], found)[0]
@@ -193,7 +203,7 @@ async def _enqueue_one_async(
 
 def _existing_for_keys(conn: Conn, schema: str, keys: list[str | None]) -> list[JobId]:
     params: UniqueKeysParams = {"keys": keys}
-    with conn.cursor(row_factory=rows.UNIQUE_HOLDER) as cur:
+    with cursor(conn, rows.UNIQUE_HOLDER) as cur:
         found = cur.execute(statement("unfinished_by_unique_keys", schema), params).fetchall()
     return _resolve_existing(keys, found)
 
@@ -298,7 +308,7 @@ def enqueue_many(
     if any(d is not None for d in params["depends_ons"]):
         # Jobs of the batch cannot depend on each other (their ids are made here), so every
         # edge points to a job that existed before: no cycle can form.
-        with wrapped(), _unknown_dependency(), conn.transaction():
+        with atomic(conn), _unknown_dependency():
             out = _insert_many(conn, schema, jobs, params)
             inserted = [(i, job_id) for i, job_id in enumerate(out) if job_id == params["ids"][i]]
             deps = [_dependencies(jobs[i]) for i, _ in inserted]
@@ -313,7 +323,7 @@ def _insert_many(
     conn: Conn, schema: str, jobs: Sequence[NewJob], params: EnqueueManyParams
 ) -> list[JobId]:
     out = [JobId(i) for i in params["ids"]]
-    with wrapped(), conn.cursor(row_factory=scalar_row) as cur:
+    with wrapped(), cursor(conn, scalar_row) as cur:
         inserted: set[uuid.UUID] = set(
             cur.execute(statement("enqueue_many", schema), params).fetchall()
         )
@@ -376,7 +386,8 @@ def _enqueue_copy(
     bundle = _NULL if bundle_id is None else bundle_id.hex
     trace_context = _copy_text(current_traceparent())
     types: dict[str, str] = {}  # each type of the batch, escaped once
-    with wrapped(), conn.cursor() as cur, cur.copy(statement("enqueue_copy", schema)) as copy:
+    copying = statement("enqueue_copy", schema)
+    with wrapped(), cursor(conn, tuple_row) as cur, cur.copy(copying) as copy:
         for start in range(0, len(jobs), _COPY_CHUNK):
             lines = []
             for i in range(start, min(start + _COPY_CHUNK, len(jobs))):
@@ -414,7 +425,7 @@ def insert_bundle(
         "num_jobs": num_jobs,
         "on_complete": on_complete,
     }
-    with wrapped(), conn.cursor(row_factory=rows.BUNDLE) as cur:
+    with wrapped(), cursor(conn, rows.BUNDLE) as cur:
         bundle = cur.execute(statement("insert_bundle", schema), params).fetchone()
     assert bundle is not None
     return bundle

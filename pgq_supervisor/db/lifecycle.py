@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from psycopg.rows import scalar_row
+from psycopg.rows import scalar_row, tuple_row
 
 from pgq_supervisor.db import rows
-from pgq_supervisor.db.connection import AsyncConn, Conn, statement, wrapped
+from pgq_supervisor.db.connection import AsyncConn, Conn, cursor, cursor_async, statement, wrapped
 from pgq_supervisor.db.params import (
     ClaimParams,
     EndAttemptParams,
@@ -60,7 +60,7 @@ def claim(
     """Up to `limit` jobs of `types`, now running under one fresh lease, in the order to run
     them (highest priority, then oldest). `max_retry_counts[i]` is the default of `types[i]`."""
     params = _claim_params(worker_id, types, max_retry_counts, limit)
-    with wrapped(), conn.cursor(row_factory=rows.JOB) as cur:
+    with wrapped(), cursor(conn, rows.JOB) as cur:
         return cur.execute(statement("claim", schema), params).fetchall()
 
 
@@ -70,7 +70,7 @@ def heartbeat(conn: Conn, schema: str, ids: Sequence[JobId], lease: LeaseToken) 
     (held by another transaction: the worker's own completion, usually); the others lost
     their lease or ended."""
     params: HeartbeatParams = {"ids": list(ids), "lease": lease}
-    with wrapped(), conn.cursor(row_factory=scalar_row) as cur:
+    with wrapped(), cursor(conn, scalar_row) as cur:
         return set(cur.execute(statement("heartbeat", schema), params).fetchall())
 
 
@@ -87,8 +87,8 @@ def lock_bundles(
         "job_ids": sorted(job_ids),
         "lease": lease,
     }
-    with wrapped():
-        conn.execute(statement("lock_bundles", schema), params).fetchall()
+    with wrapped(), cursor(conn, tuple_row) as cur:
+        cur.execute(statement("lock_bundles", schema), params).fetchall()
 
 
 def _succeed_params(
@@ -109,7 +109,7 @@ def succeed(
 ) -> set[JobId]:
     """Mark jobs succeeded with their (JSON-text) results; returns the ids still held."""
     params = _succeed_params(lease, results)
-    with wrapped(), conn.cursor(row_factory=scalar_row) as cur:
+    with wrapped(), cursor(conn, scalar_row) as cur:
         return set(cur.execute(statement("succeed", schema), params).fetchall())
 
 
@@ -119,7 +119,7 @@ async def succeed_async(
     """`succeed` on an async connection: an async handler's transaction commits with it."""
     params = _succeed_params(lease, results)
     with wrapped():
-        async with conn.cursor(row_factory=scalar_row) as cur:
+        async with cursor_async(conn, scalar_row) as cur:
             await cur.execute(statement("succeed", schema), params)
             return set(await cur.fetchall())
 
@@ -143,7 +143,7 @@ def succeed_and_claim(
         **_succeed_params(lease, results),
         **_claim_params(worker_id, types, max_retry_counts, limit),
     }
-    with wrapped(), conn.cursor(row_factory=rows.DoneAndClaimedRow(params["lease"])) as cur:
+    with wrapped(), cursor(conn, rows.DoneAndClaimedRow(params["lease"])) as cur:
         row = cur.execute(statement("succeed_and_claim", schema), params).fetchone()
     assert row is not None  # an aggregate without GROUP BY: always one row
     done_ids, jobs = row
@@ -175,7 +175,7 @@ def end_attempt(
         "allow_retry": allow_retry,
         "delay": max(0.0, delay),
     }
-    with wrapped(), conn.cursor(row_factory=rows.ENDED_ATTEMPT) as cur:
+    with wrapped(), cursor(conn, rows.ENDED_ATTEMPT) as cur:
         return cur.execute(statement("end_attempt", schema), params).fetchall()
 
 
@@ -194,7 +194,7 @@ def release(
         "lease": lease,
         "worker_id": worker_id,
     }
-    with wrapped(), conn.cursor(row_factory=scalar_row) as cur:
+    with wrapped(), cursor(conn, scalar_row) as cur:
         return cur.execute(statement("release", schema), params).fetchall()
 
 
@@ -204,13 +204,13 @@ def rescue(conn: Conn, schema: str, *, dead_after: float, limit: int = 1000) -> 
         "limit": limit,
         "error": f"worker died: no heartbeat for {dead_after:g} s",
     }
-    with wrapped(), conn.cursor(row_factory=rows.ENDED_ATTEMPT) as cur:
+    with wrapped(), cursor(conn, rows.ENDED_ATTEMPT) as cur:
         return cur.execute(statement("rescue", schema), params).fetchall()
 
 
 def next_due(conn: Conn, schema: str, types: Sequence[str]) -> float | None:
     """Seconds until the earliest delayed job of `types` becomes eligible (None: there is none)."""
     params: TypesParams = {"types": list(types)}
-    with wrapped(), conn.cursor(row_factory=scalar_row) as cur:
+    with wrapped(), cursor(conn, scalar_row) as cur:
         seconds: float | None = cur.execute(statement("next_due", schema), params).fetchone()
     return None if seconds is None else float(seconds)

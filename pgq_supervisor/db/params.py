@@ -379,6 +379,7 @@ PARAMS: dict[str, type] = {
     "durable_commit": NoParams,
     "asynchronous_commit": NoParams,
     "no_jit": NoParams,
+    "begin_implicit": NoParams,
     "job_states": IdsParams,
     "get_jobs": IdsParams,
     "set_progress": SetProgressParams,

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from psycopg.rows import scalar_row
 
 from pgq_supervisor.db import rows
-from pgq_supervisor.db.connection import Conn, statement, wrapped
+from pgq_supervisor.db.connection import Conn, cursor, statement, wrapped
 from pgq_supervisor.db.params import (
     NoParams,
     ScheduleDeclareParams,
@@ -36,13 +36,13 @@ def declare_schedules(
         "priorities": [s.priority for s in ordered],
         "catch_ups": [s.catch_up for s in ordered],
     }
-    with wrapped(), conn.cursor(row_factory=rows.SCHEDULE_STATE) as cur:
+    with wrapped(), cursor(conn, rows.SCHEDULE_STATE) as cur:
         return cur.execute(statement("schedule_declare", schema), params).fetchall()
 
 
 def schedule_states(conn: Conn, schema: str, names: Sequence[str]) -> list[rows.ScheduleState]:
     params: ScheduleNamesParams = {"names": list(names)}
-    with wrapped(), conn.cursor(row_factory=rows.SCHEDULE_STATE) as cur:
+    with wrapped(), cursor(conn, rows.SCHEDULE_STATE) as cur:
         return cur.execute(statement("schedule_states", schema), params).fetchall()
 
 
@@ -63,7 +63,7 @@ def enqueue_tick(conn: Conn, schema: str, schedule: Schedule, tick: datetime) ->
         "priority": schedule.priority,
         "unique_key": tick_key(schedule.name, tick),
     }
-    with wrapped(), conn.cursor(row_factory=scalar_row) as cur:
+    with wrapped(), cursor(conn, scalar_row) as cur:
         inserted: uuid.UUID | None = cur.execute(
             statement("schedule_enqueue", schema), params
         ).fetchone()
@@ -72,5 +72,5 @@ def enqueue_tick(conn: Conn, schema: str, schedule: Schedule, tick: datetime) ->
 
 def list_schedules(conn: Conn, schema: str) -> list[rows.ScheduleRecord]:
     params: NoParams = {}
-    with wrapped(), conn.cursor(row_factory=rows.SCHEDULE_RECORD) as cur:
+    with wrapped(), cursor(conn, rows.SCHEDULE_RECORD) as cur:
         return cur.execute(statement("schedules_list", schema), params).fetchall()

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from pgq_supervisor.db import rows
-from pgq_supervisor.db.connection import Conn, statement, wrapped
+from pgq_supervisor.db.connection import Conn, cursor, statement, wrapped
 from pgq_supervisor.db.params import SupervisorIdParams, SupervisorRegisterParams, dump_json
 from pgq_supervisor.jobs import JsonValue
 
@@ -45,5 +45,5 @@ def unregister_supervisor(conn: Conn, schema: str, id: str) -> None:
 
 
 def list_supervisors(conn: Conn, schema: str) -> list[rows.SupervisorRecord]:
-    with wrapped(), conn.cursor(row_factory=rows.SUPERVISOR_RECORD) as cur:
+    with wrapped(), cursor(conn, rows.SUPERVISOR_RECORD) as cur:
         return cur.execute(statement("supervisors_list", schema)).fetchall()

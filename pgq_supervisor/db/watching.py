@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from psycopg.rows import scalar_row
 
 from pgq_supervisor.db import rows
-from pgq_supervisor.db.connection import AsyncConn, Conn, statement, wrapped
+from pgq_supervisor.db.connection import AsyncConn, Conn, cursor, cursor_async, statement, wrapped
 from pgq_supervisor.db.params import IdsParams, SetProgressParams
 from pgq_supervisor.jobs import JobId, JobRecord, JobState, LeaseToken
 
@@ -16,7 +16,7 @@ from pgq_supervisor.jobs import JobId, JobRecord, JobState, LeaseToken
 def job_states(conn: Conn, schema: str, ids: Sequence[JobId]) -> dict[JobId, JobState]:
     """The state of each of `ids` that exists (an unknown id has no entry)."""
     params: IdsParams = {"ids": list(ids)}
-    with wrapped(), conn.cursor(row_factory=rows.JOB_STATE) as cur:
+    with wrapped(), cursor(conn, rows.JOB_STATE) as cur:
         return {r.id: r.state for r in cur.execute(statement("job_states", schema), params)}
 
 
@@ -25,7 +25,7 @@ async def job_states_async(
 ) -> dict[JobId, JobState]:
     params: IdsParams = {"ids": list(ids)}
     with wrapped():
-        async with conn.cursor(row_factory=rows.JOB_STATE) as cur:
+        async with cursor_async(conn, rows.JOB_STATE) as cur:
             await cur.execute(statement("job_states", schema), params)
             return {r.id: r.state for r in await cur.fetchall()}
 
@@ -33,7 +33,7 @@ async def job_states_async(
 def get_jobs(conn: Conn, schema: str, ids: Sequence[JobId]) -> dict[JobId, JobRecord]:
     """The records of those of `ids` that exist."""
     params: IdsParams = {"ids": list(ids)}
-    with wrapped(), conn.cursor(row_factory=rows.JOB_RECORD) as cur:
+    with wrapped(), cursor(conn, rows.JOB_RECORD) as cur:
         return {r.id: r for r in cur.execute(statement("get_jobs", schema), params)}
 
 
@@ -42,7 +42,7 @@ async def get_jobs_async(
 ) -> dict[JobId, JobRecord]:
     params: IdsParams = {"ids": list(ids)}
     with wrapped():
-        async with conn.cursor(row_factory=rows.JOB_RECORD) as cur:
+        async with cursor_async(conn, rows.JOB_RECORD) as cur:
             await cur.execute(statement("get_jobs", schema), params)
             return {r.id: r for r in await cur.fetchall()}
 
@@ -59,6 +59,6 @@ def set_progress(
         "leases": [v[1] for v in values],
         "progress": [v[2] for v in values],
     }
-    with wrapped(), conn.cursor(row_factory=scalar_row) as cur:
+    with wrapped(), cursor(conn, scalar_row) as cur:
         written: list[JobId] = cur.execute(statement("set_progress", schema), params).fetchall()
     return set(written)

@@ -502,6 +502,11 @@ ORDER BY type, state
 -- This transaction commits synchronously whatever the session says.
 SET LOCAL synchronous_commit = on
 
+-- name: begin_implicit
+-- Sent only to open the implicit transaction of a connection without autocommit that has sent
+-- nothing yet (psycopg BEGINs before it), so that db.atomic's savepoint lands inside it.
+SELECT
+
 -- name: no_jit
 -- For the reads that count the queue (metrics, status): JIT compiling them took 450 ms of CPU,
 -- far more than the counting it would speed up (measured: an unanalyzed type_limit is taken

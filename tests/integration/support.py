@@ -12,9 +12,10 @@ from typing import LiteralString, TypeVar
 import psycopg
 from psycopg import sql
 
+import pgq_supervisor as pgq
 from pgq_supervisor import db
 from pgq_supervisor.db import Conn
-from pgq_supervisor.jobs import Job, JobId, JobRecord
+from pgq_supervisor.jobs import AttemptKind, Job, JobId, JobRecord, JobState
 
 SCHEMA = "pgq"
 T = TypeVar("T")
@@ -66,6 +67,19 @@ def claim_one(
 
 def get(conn: Conn, job_id: JobId, *, schema: str = SCHEMA) -> JobRecord:
     return db.get_job(conn, schema, job_id)
+
+
+def finished(conn: Conn, type_: str, state: JobState, error: str = "boom") -> JobId:
+    """A job of `type_` taken through a claim to `state` (failed or succeeded)."""
+    job_id = pgq.enqueue(conn, type_, {"n": 1}, max_retry_count=0)
+    job = claim_one(conn, type_)
+    assert job.id == job_id, "the claim took another job; give this one its own type"
+    if state is JobState.FAILED:
+        db.end_attempt(conn, "pgq", [job.id], error=error, kind=AttemptKind.ERROR, lease=job.lease)
+    else:
+        db.succeed(conn, "pgq", job.lease, [(job.id, None)])
+    assert get(conn, job_id).state is state
+    return job_id
 
 
 def raw_row(conn: Conn, job_id: JobId) -> tuple[object, ...]:

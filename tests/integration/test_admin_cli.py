@@ -17,7 +17,7 @@ from pgq_supervisor import db
 from pgq_supervisor.db import Conn
 from pgq_supervisor.jobs import AttemptKind, JobId, JobState
 from tests.acceptance.helpers import run_cli
-from tests.integration.support import claim_one, count_rows, get
+from tests.integration.support import claim_one, count_rows, finished, get
 
 MISSING = "00000000-0000-4000-8000-000000000000"
 
@@ -50,19 +50,6 @@ def fails(result: subprocess.CompletedProcess[str], code: int, pattern: str) -> 
     assert lines[0].startswith("error: ")
     assert re.search(pattern, lines[0]), lines[0]
     return lines[0]
-
-
-def finished(conn: Conn, type_: str, state: JobState, error: str = "boom") -> JobId:
-    """A job of `type_` taken through a claim to `state` (failed or succeeded)."""
-    job_id = pgq.enqueue(conn, type_, {"n": 1}, max_retry_count=0)
-    job = claim_one(conn, type_)
-    assert job.id == job_id, "the claim took another job; give this one its own type"
-    if state is JobState.FAILED:
-        db.end_attempt(conn, "pgq", [job.id], error=error, kind=AttemptKind.ERROR, lease=job.lease)
-    else:
-        db.succeed(conn, "pgq", job.lease, [(job.id, None)])
-    assert get(conn, job_id).state is state
-    return job_id
 
 
 def running(conn: Conn, type_: str) -> JobId:

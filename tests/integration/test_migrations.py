@@ -439,11 +439,16 @@ def test_migrate_twice_is_a_no_op(empty_dsn: str) -> None:
         assert_declared_schema(conn, "pgq")
 
 
-def test_migrate_commits_on_its_own_from_a_non_autocommit_connection(empty_dsn: str) -> None:
-    with psycopg.connect(empty_dsn) as conn:
+def test_migrate_on_a_non_autocommit_connection_commits_with_the_caller(empty_dsn: str) -> None:
+    """Like every writing call (test_caller_transactions has the other states)."""
+    with (
+        psycopg.connect(empty_dsn, autocommit=True) as other,
+        psycopg.connect(empty_dsn) as conn,
+    ):
         assert pgq.migrate(conn, schema="pgq") == _all_versions()
-        with psycopg.connect(empty_dsn, autocommit=True) as other:
-            assert schema.applied_versions(other, "pgq") == _all_versions()
+        assert schema.applied_versions(other, "pgq") == []
+        conn.commit()
+        assert schema.applied_versions(other, "pgq") == _all_versions()
 
 
 def test_migrating_step_by_step_gives_the_same_schema(

@@ -103,6 +103,21 @@ def test_every_query_is_used_by_the_db_layer() -> None:
     assert sql.query_names() <= _queries_the_db_layer_names()
 
 
+# `conn.execute(...).fetch...`: rows read off the connection's own cursor
+READ_OFF_EXECUTE = re.compile(r"\bconn\.execute\((?:[^()]|\([^()]*\))*\)\s*\.fetch")
+
+
+def test_the_db_layer_reads_rows_only_through_its_own_cursors() -> None:
+    """db.connection.cursor() gives a cursor our json and jsonb loaders: a caller's connection
+    may load them as text (Django does), and a row read any other way would bring that back."""
+    for module in Path(db.__file__).parent.glob("*.py"):
+        if module.name == "connection.py":
+            continue
+        text = module.read_text(encoding="utf-8")
+        assert ".cursor(" not in text, module.name
+        assert not READ_OFF_EXECUTE.search(text), module.name
+
+
 def test_run_inline_validates_and_calls_the_handler() -> None:
     registry = pgq.Registry()
 
