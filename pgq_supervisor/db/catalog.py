@@ -7,7 +7,7 @@ import dataclasses
 
 from psycopg.rows import scalar_row
 
-from pgq_supervisor.db.connection import Conn, statement, wrapped
+from pgq_supervisor.db.connection import Conn, cursor, statement, wrapped
 from pgq_supervisor.db.params import SchemaNameParams
 from pgq_supervisor.db.rows import NamedRow
 
@@ -38,10 +38,10 @@ def schema_objects(conn: Conn, schema: str) -> SchemaObjects:
     params: SchemaNameParams = {"schema": schema}
     with wrapped(), conn.transaction():
         conn.execute(statement("schema_dump_search_path", schema))
-        with conn.cursor(row_factory=scalar_row) as cur:
+        with cursor(conn, scalar_row) as cur:
             migration: str | None = cur.execute(statement("schema_dump_version", schema)).fetchone()
         kinds = []
-        with conn.cursor(row_factory=SCHEMA_OBJECT) as cur:
+        with cursor(conn, SCHEMA_OBJECT) as cur:
             for title, query in _kinds(schema):
                 kinds.append((title, tuple(cur.execute(query, params).fetchall())))
     return SchemaObjects(migration, tuple(kinds))
