@@ -6,7 +6,7 @@ Two channels per child:
   rewrites at every job start and end, so the hot path costs no system call; the supervisor
   reads it when it judges a timeout or reaps a death. It
   names the job's type too (an index into the child's types), so a death's retry backoff needs
-  no query.
+  no query; and how many claimed jobs the child holds but has not started.
 """
 
 from __future__ import annotations
@@ -118,6 +118,11 @@ class SlotView:
 # seq, job id, started, timeout (0 = none), grace, attempt, type index (-1 = unknown)
 _LAYOUT = struct.Struct("<Q16sdddii")
 _ENTRY = 64
+# After entry 0's layout, outside its sequence lock: how many claimed jobs the child holds but
+# has not started. One aligned 4-byte store, written at every job start and read for display
+# only, so it needs no lock of its own.
+_HELD = struct.Struct("<i")
+_HELD_AT = _LAYOUT.size
 _NO_JOB = b"\0" * 16
 
 
@@ -192,6 +197,14 @@ class JobSlot:
             attempt,
             self._index.get(job_type, -1),
         )
+
+    def set_held(self, n: int) -> None:
+        """The child holds `n` claimed jobs it has not started."""
+        _HELD.pack_into(self._view, _HELD_AT, n)
+
+    def held(self) -> int:
+        """How many claimed jobs the child holds but has not started (as it last said)."""
+        return int(_HELD.unpack_from(self._view, _HELD_AT)[0])
 
     def clear(self, entry: int = 0) -> None:
         self._write(entry, _NO_JOB, 0.0, 0.0, 0.0, 0, -1)
