@@ -12,9 +12,10 @@ Two channels per child:
 from __future__ import annotations
 
 import ctypes
+import functools
 import struct
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.sharedctypes import RawArray
 from typing import TYPE_CHECKING
@@ -151,6 +152,11 @@ class JobSlot:
         self._view = memoryview(raw).cast("B")
         self.capacity = max(1, len(raw) // _ENTRY)
         self._seqs = [0] * self.capacity
+        # set_held(n): the child holds n claimed jobs it has not started. Called at every job
+        # start, so a bound pack_into rather than a method (half the cost)
+        self.set_held: Callable[[int], None] = functools.partial(
+            _HELD.pack_into, self._view, _HELD_AT
+        )
 
     # Pickled for the spawned child as the shared array itself (multiprocessing passes its fd).
     def __getstate__(self) -> object:
@@ -197,10 +203,6 @@ class JobSlot:
             attempt,
             self._index.get(job_type, -1),
         )
-
-    def set_held(self, n: int) -> None:
-        """The child holds `n` claimed jobs it has not started."""
-        _HELD.pack_into(self._view, _HELD_AT, n)
 
     def held(self) -> int:
         """How many claimed jobs the child holds but has not started (as it last said)."""
