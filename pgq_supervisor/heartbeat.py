@@ -98,7 +98,7 @@ class Heartbeat:
         unstarted.watched_by(self._wake.set)
 
     def _release_in(self) -> float | None:
-        """Seconds until the watched jobs not started are due to go back (None: none held)."""
+        """Seconds until the job in hand will have run long (None: no batch to watch)."""
         if self._unstarted is None:
             return None
         due = self._unstarted.due()

@@ -373,7 +373,8 @@ class InFlightWorker:
         if due:
             self.queued = kept
             self._release(due)
-            leases = {j.lease for j in kept}
+        if len(self.claimed_at) > len(self.queued):  # claims none of whose jobs wait now
+            leases = {j.lease for j in self.queued}
             self.claimed_at = {k: v for k, v in self.claimed_at.items() if k in leases}
         return next_in
 
