@@ -20,6 +20,7 @@ WAKE = "bench_wake"
 SPIN = "bench_spin"
 CRASH = "bench_crash"
 BUSY = "bench_busy"
+NAP = "bench_nap"
 
 registry = pgq.Registry()
 # The I/O-bound jobs of the `io` group: their own registry, so that the async handler does
@@ -64,6 +65,17 @@ def spin_handler(payload: SpinPayload) -> dict[str, float]:
     start = time.perf_counter()
     spin(payload.loops)
     return {"s": time.perf_counter() - start}
+
+
+class SleepPayload(pydantic.BaseModel):
+    seconds: float
+
+
+@registry.handler(NAP)
+def nap(payload: SleepPayload) -> None:
+    """Sleeps `seconds` (0: returns at once): the hol group's one slow job among fast ones."""
+    if payload.seconds > 0:
+        time.sleep(payload.seconds)
 
 
 @registry.handler(BUSY)
@@ -114,10 +126,6 @@ def calibrate_spin(seconds: float, rounds: int = 5) -> int:
         spin(probe)
         best = min(best, (time.process_time() - start) / probe)
     return max(1, round(seconds / best))
-
-
-class SleepPayload(pydantic.BaseModel):
-    seconds: float
 
 
 @io_registry.handler(ASLEEP)

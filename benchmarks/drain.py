@@ -44,6 +44,7 @@ class Drained:
     seconds: float
     workers: int  # distinct children that completed jobs
     mean_handler_s: float | None  # from the handlers' own reports, when they report one
+    start: float = 0.0  # when the clock started: epoch seconds by the database clock
 
     @property
     def rate(self) -> float:
@@ -185,7 +186,8 @@ def verify(dsn: str, n: int, opened_at: float | None, waiting: int = 0) -> Drain
     seconds = float(last_stop) - start
     if seconds <= 0:
         raise BenchError(f"the drain took {seconds:.4f} s by the database clock")
-    return Drained(n, seconds, int(workers), None if mean_s is None else float(mean_s))
+    mean = None if mean_s is None else float(mean_s)
+    return Drained(n, seconds, int(workers), mean, start)
 
 
 def run_io(

@@ -15,6 +15,7 @@ GROUPS = (
     "drain",
     "deps",
     "limits",
+    "hol",
     "cpu",
     "io",
     "wake",

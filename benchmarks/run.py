@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from types import FrameType
 from typing import NoReturn
 
-from benchmarks import deep, drain, enqueue, peers, probes, soak, web
+from benchmarks import deep, drain, enqueue, hol, peers, probes, soak, web
 from benchmarks.apps import LIMIT, calibrate_spin
 from benchmarks.options import Options, parse_args
 from benchmarks.procs import ROOT
@@ -88,6 +88,9 @@ class Bench:
         if "limits" in o.groups:
             for r in runs:
                 steps += self.limits_steps(r)
+        if "hol" in o.groups:
+            for r in runs:
+                steps += self.hol_steps(r)
         if "cpu" in o.groups:
             steps.append(Step("calibrate the CPU-bound job", self.calibrate, ()))
             for r in runs:
@@ -201,6 +204,13 @@ class Bench:
                     "limited / unlimited", ("limits.limited",), "limits.plain", Target(">=", 0.8)
                 ),
             ]
+        if "hol" in self.opts.groups:
+            self.order += [
+                "hol.default",
+                "hol.batch_1",
+                Ratio("defaults / --claim-batch 1", ("hol.default",), "hol.batch_1",
+                      Target("<=", 1.3)),
+            ]  # fmt: skip
         self.order += [f"cpu.procs_{p}" for p in self.cpu_procs]
         if len(self.cpu_procs) >= 2:
             self.order.append(
@@ -414,6 +424,32 @@ class Bench:
                 run(("--app", "benchmarks.apps:limited")),
             ),
         ]
+
+    def hol_steps(self, r: int) -> list[Step]:
+        """One slow job among fast ones of its type (issue 20): how long the fast ones take at
+        the defaults, and claiming one job at a time, back to back."""
+        o = self.opts
+        what = (
+            f"{hol.HOL_JOBS} jobs, one sleeping {hol.HOL_SLOW_S:g} s, --procs {hol.HOL_PROCS}:"
+            " seconds until the fast ones are done"
+        )
+        steps = []
+        for key, extra, label in (
+            ("hol.default", (), "defaults"),
+            ("hol.batch_1", ("--claim-batch", "1"), "--claim-batch 1"),
+        ):
+            m = self.results.measure(key, f"{what}, {label}", "s")
+
+            def action(m: Measure = m, extra: Sequence[str] = extra) -> str:
+                h = hol.run_hol(self.dsn, (*o.supervisor_args, *extra))
+                m.add(h.fast_done_s, h.details())
+                return (
+                    f"fast ones done after {h.fast_done_s:.2f} s,"
+                    f" the slow one after {h.slow_done_s:.2f} s"
+                )
+
+            steps.append(Step(f"run {r}/{o.runs} hol: {label}", action, (m,)))
+        return steps
 
     def io_steps(self, r: int, active_peers: Sequence[peers.Peer]) -> list[Step]:
         """I/O-bound jobs (issue 11): async ones, and blocking ones in threads, with many in

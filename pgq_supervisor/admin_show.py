@@ -1,5 +1,6 @@
-"""`show ID`: one job in full (payload, result, progress, timestamps, every attempt), and how
-progress reads in a table cell. Registered by admin.add_commands; errors as there (an unknown
+"""`show ID`: one job in full (payload, result, progress, timestamps, every attempt; a running
+job its worker holds without having started it says so), and how progress reads in a table
+cell. Registered by admin.add_commands; errors as there (an unknown
 id is JobNotFound: one line, exit 1)."""
 
 from __future__ import annotations
@@ -10,8 +11,9 @@ import json
 from datetime import datetime
 
 from pgq_supervisor import db
+from pgq_supervisor.admin_workers import NotStarted, not_started
 from pgq_supervisor.connect import open_db
-from pgq_supervisor.jobs import JobId, JobRecord, JsonValue
+from pgq_supervisor.jobs import JobId, JobRecord, JobState, JsonValue
 from pgq_supervisor.settings import Settings
 
 PROGRESS_WIDTH = 24
@@ -41,7 +43,7 @@ def record_json(record: JobRecord) -> dict[str, JsonValue]:
     return {f.name: _plain(getattr(record, f.name)) for f in dataclasses.fields(record)}
 
 
-def _text(record: JobRecord) -> str:
+def _text(record: JobRecord, held: NotStarted | None = None) -> str:
     doc = record_json(record)
     lines = []
     order = [
@@ -59,6 +61,8 @@ def _text(record: JobRecord) -> str:
         if key == "progress":
             shown = f"{progress_cell(record.progress)}  {json.dumps(value)}"
         lines.append(f"{key.ljust(width)}  {shown}")
+        if key == "state" and held is not None:
+            lines.append(f"{''.ljust(width)}  {held.text()}")
     lines.append(f"attempts ({len(record.attempts)} failed)" + (":" if record.attempts else ""))
     for attempt in record.attempts:
         a = attempt if isinstance(attempt, dict) else {}
@@ -75,8 +79,12 @@ def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
     _, conn = open_db(settings)
     with conn:
         record = db.get_job(conn, settings.db_schema, job_id)
+        held = None
+        if record.state is JobState.RUNNING:
+            held = not_started(db.list_supervisors(conn, settings.db_schema), record)
     if args.json:
-        print(json.dumps({"job": record_json(record)}))
+        shown = None if held is None else held.to_json()
+        print(json.dumps({"job": record_json(record), "not_started": shown}))
     else:
-        print(_text(record))
+        print(_text(record, held))
     return 0

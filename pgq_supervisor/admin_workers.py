@@ -1,19 +1,23 @@
 """`workers`: each registered supervisor (host, pid, procs, started, last seen) and each of its
-children (state, job in hand, jobs done), from the supervisor table (schema/0010). A row not
-refreshed for 3 x heartbeat_interval is marked stale: its supervisor was killed or cannot reach
-the database. And `dashboard-indexes`: the dashboard Jobs page's opt-in indexes (schema/0010).
-Registered by admin.add_commands."""
+children (state, job in hand, jobs claimed but not started, jobs done), from the supervisor
+table (schema/0010). A row not refreshed for 3 x heartbeat_interval is marked stale: its
+supervisor was killed or cannot reach the database. `not_started` tells, from the same rows,
+whether a running job was claimed but not started when its worker was last seen (`show`, the
+dashboard's job page). And `dashboard-indexes`: the dashboard Jobs page's opt-in indexes
+(schema/0010). Registered by admin.add_commands."""
 
 from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
 from pgq_supervisor import db
 from pgq_supervisor.connect import open_db
 from pgq_supervisor.db.rows import SupervisorRecord
-from pgq_supervisor.jobs import JsonValue
+from pgq_supervisor.jobs import JobRecord, JobState, JsonValue
 from pgq_supervisor.settings import Settings
 
 Parser = TypeVar("Parser", bound=argparse.ArgumentParser)
@@ -53,6 +57,73 @@ def children_of(record: SupervisorRecord) -> list[dict[str, JsonValue]]:
     return [c for c in listed if isinstance(c, dict)]
 
 
+def _count(value: JsonValue) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def in_hand(child: dict[str, JsonValue]) -> str:
+    """A child's jobs as the `workers` command and the dashboard show them."""
+    job = f"{child.get('job_type')} {child.get('job_id')}" if child.get("job_id") else "-"
+    more = _count(child.get("in_flight")) - 1
+    if more > 0:
+        job += f" (+{more} more in flight)"
+    held = _count(child.get("held"))
+    if held > 0:
+        job += f" (+{held} claimed, not started)"
+    return job
+
+
+@dataclass(frozen=True, slots=True)
+class NotStarted:
+    """A running job its worker held without running it, when its supervisor last wrote."""
+
+    host: str
+    pid: int  # the supervisor's
+    child: int  # the child's index
+    seen_ago: float  # seconds, by the database's clock
+    running: tuple[str, ...]  # the ids of the jobs the child ran then
+
+    def text(self) -> str:
+        now = ", ".join(self.running) or "nothing"
+        return (
+            f"claimed, not started {self.seen_ago:.0f} s ago: child {self.child} of {self.host}"
+            f" pid {self.pid} was running {now} (started_at is the claim's time)"
+        )
+
+    def to_json(self) -> dict[str, JsonValue]:
+        return {
+            "host": self.host,
+            "pid": self.pid,
+            "child": self.child,
+            "seen_ago": round(self.seen_ago, 3),
+            "running": list(self.running),
+        }
+
+
+def not_started(records: Sequence[SupervisorRecord], job: JobRecord) -> NotStarted | None:
+    """Was `job` (running in the database: claimed) held but not started by its child when
+    the child's supervisor last wrote its row? None if not, or if that row cannot tell (the
+    child is not listed, or the row is older than the claim)."""
+    if job.state is not JobState.RUNNING or job.worker_id is None or job.started_at is None:
+        return None
+    for record in records:
+        if record.seen_at < job.started_at:
+            continue  # written before the claim: it knows nothing of this job
+        for c in children_of(record):
+            if c.get("worker_id") != job.worker_id:
+                continue
+            ids = c.get("job_ids")
+            running = [str(i) for i in ids] if isinstance(ids, list) else []
+            if not running and c.get("job_id"):
+                running = [str(c.get("job_id"))]
+            if _count(c.get("held")) == 0 or str(job.id) in running:
+                return None
+            return NotStarted(
+                record.host, record.pid, _count(c.get("index")), record.seen_ago, tuple(running)
+            )
+    return None
+
+
 def record_json(record: SupervisorRecord, heartbeat_interval: float) -> dict[str, JsonValue]:
     return {
         "id": record.id,
@@ -86,12 +157,8 @@ def cmd_workers(args: argparse.Namespace, settings: Settings) -> int:
             f"  started {r.started_at:%Y-%m-%d %H:%M:%S %Z}  seen {r.seen_ago:.0f} s ago{stale}"
         )
         for c in children_of(r):
-            job = f"{c.get('job_type')} {c.get('job_id')}" if c.get("job_id") else "-"
-            more = int(str(c.get("in_flight") or 0)) - 1
-            if more > 0:
-                job += f" (+{more} more in flight)"
             print(
                 f"  child {c.get('index')}  pid {c.get('pid')}  {c.get('state')}"
-                f"  job {job}  done {c.get('jobs_done')}"
+                f"  job {in_hand(c)}  done {c.get('jobs_done')}"
             )
     return 0

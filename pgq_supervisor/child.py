@@ -105,6 +105,7 @@ def child_spec(
         synchronous_commit=s.worker_synchronous_commit,
         prepare_threshold=s.prepare_threshold,
         concurrency=s.concurrency,
+        release_unstarted_after=s.release_unstarted_after,
     )
 
 
@@ -289,15 +290,21 @@ class Child:
         """What the supervisor's registered row says of this child (schema/0010)."""
         jobs = self.slot.read_all()
         job = jobs[0] if jobs else None
-        return {
+        described: dict[str, JsonValue] = {
             "index": self.spec.index,
             "pid": self.pid,
+            "worker_id": self.worker_id,
             "state": self.state.value,
             "job_id": None if job is None else str(job.job_id),
             "job_type": None if job is None else job.job_type,
             "in_flight": len(jobs),
+            # claimed (running in the database) but not started: waiting behind those in hand
+            "held": self.slot.held(),
             "jobs_done": self.jobs_done,
         }
+        if len(jobs) > 1:  # every job in hand, so that `show` can tell one claimed, not started
+            described["job_ids"] = [str(v.job_id) for v in jobs]
+        return described
 
     def current_job(self) -> SlotView | None:
         return self.slot.read()

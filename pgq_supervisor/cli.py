@@ -51,6 +51,7 @@ RUN_FLAGS = {
     "--max-memory-per-child": "max_memory_per_child",
     "--claim-batch": "claim_batch",
     "--concurrency": "concurrency",
+    "--release-unstarted-after": "release_unstarted_after",
     "--metrics-port": "metrics_port",
     "--metrics-host": "metrics_host",
     "--retain-succeeded": "retain_succeeded",

@@ -24,6 +24,7 @@ again once the rescuer finds their heartbeat stale).
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import NamedTuple, assert_never
@@ -68,8 +69,10 @@ class Completer:
     """Writes the outcomes of one worker's jobs, each call on the connection it is given.
 
     `flush_every`: how long buffered successes may wait for a claim to ride on before
-    `flush_if_due()` writes them anyway. Not thread-safe: one thread drives it (the worker's
-    main thread; handlers run elsewhere would report through it).
+    `flush_if_due()` writes them anyway. One thread drives it (the worker's main thread;
+    handlers run elsewhere report through it), but for `flush`: the heartbeat thread may call
+    it, on its own connection, while a job runs long (unstarted.py). So the buffer changes
+    under a lock: a report, a claim and a flush take it.
     """
 
     def __init__(
@@ -89,6 +92,7 @@ class Completer:
         self._successes: list[Ran] = []
         self._written_at = clock()
         self._outcomes: list[Outcome] = []
+        self._lock = threading.RLock()  # the buffer and the outcomes (see the class docstring)
 
     @property
     def buffered(self) -> int:
@@ -97,7 +101,8 @@ class Completer:
 
     def take_outcomes(self) -> list[Outcome]:
         """The outcomes settled since the last call, in the order they were settled."""
-        outcomes, self._outcomes = self._outcomes, []
+        with self._lock:
+            outcomes, self._outcomes = self._outcomes, []
         return outcomes
 
     # ---- claiming, with the buffer riding on it ----
@@ -108,7 +113,10 @@ class Completer:
         Buffered successes of one lease and no bundle are written by the claim's own
         statement (one commit for both); any others are flushed first.
         """
+        with self._lock:
+            return self._claim(conn, policy, limit)
 
+    def _claim(self, conn: db.Conn, policy: ClaimPolicy, limit: int) -> list[Job]:
         lease = self._rider()
         if lease is None:
             self.flush(conn)
@@ -162,7 +170,8 @@ class Completer:
         now, on `conn`."""
         failure = ran.failure
         if failure is None:
-            self._successes.append(ran)
+            with self._lock:
+                self._successes.append(ran)
         else:
             self._write_failure(conn, ran.job, failure, ran.duration)
 
@@ -268,6 +277,10 @@ class Completer:
         """Write every buffered success: one statement per lease, its bundles' rows locked
         first, in id order (db.lock_bundles). On DatabaseError, what is not written stays
         buffered: flush again after reconnecting (fenced writes cannot complete a job twice)."""
+        with self._lock:
+            self._flush(conn)
+
+    def _flush(self, conn: db.Conn) -> None:
         while self._successes:
             lease = self._successes[0].job.lease
             results = [(r.job.id, r.result) for r in self._successes if r.job.lease == lease]
@@ -301,9 +314,10 @@ class Completer:
     def discard(self) -> None:
         """Forget the buffered successes; their jobs leave the heartbeat and will run again."""
         by_lease: dict[LeaseToken, list[JobId]] = {}
-        for ran in self._successes:
-            by_lease.setdefault(ran.job.lease, []).append(ran.job.id)
-        self._successes = []
+        with self._lock:
+            for ran in self._successes:
+                by_lease.setdefault(ran.job.lease, []).append(ran.job.id)
+            self._successes = []
         for lease, ids in by_lease.items():
             self._drop(lease, ids)
 

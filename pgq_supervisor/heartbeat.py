@@ -7,6 +7,12 @@ that the process lives, not that the job progresses: job timeouts are the superv
 The same thread writes the progress handlers report (progress.py): `progress` wakes it, and
 it writes each job's latest value at most every quarter second, fenced by the lease too.
 
+When the job in hand has run `release_after` (`watch`, unstarted.py), it gives back the claimed
+jobs its child has not started (a release fenced by lease and ids, which notifies, so an idle
+sibling claims them), and writes the successes its child buffered before that job (the
+completer's flush, on this connection). A release that fails is tried again at the next
+wake-up, the jobs held (heart-beaten) until it lands; successes not written stay buffered.
+
 When a beat fails (the server restarted, say) the connection is dropped and the next beat
 comes after a jittered backoff, from well under the interval up to it: the children of every
 pod do not reconnect in lockstep, and none waits longer than a beat once the server is back.
@@ -22,8 +28,9 @@ from collections.abc import Callable
 from pgq_supervisor import db
 from pgq_supervisor.backoff import Backoff
 from pgq_supervisor.errors import DatabaseError
-from pgq_supervisor.jobs import JobId, LeaseToken
+from pgq_supervisor.jobs import Job, JobId, LeaseToken
 from pgq_supervisor.progress import ProgressBuffer, write_due
+from pgq_supervisor.unstarted import Unstarted
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +57,9 @@ class Heartbeat:
         self._conn: db.Conn | None = None
         self._backoff = backoff or Backoff(initial=min(0.5, interval), maximum=interval)
         self._thread = threading.Thread(target=self._run, name="pgq-heartbeat", daemon=True)
+        self._unstarted: Unstarted | None = None
+        self._flush: Callable[[db.Conn], None] = lambda conn: None
+        self._unreleased: list[Job] = []  # cut, but their release failed: tried again
 
     def start(self) -> None:
         self._thread.start()
@@ -79,6 +89,69 @@ class Heartbeat:
         """How many jobs are held (kept alive) now."""
         with self._lock:
             return sum(len(ids) for ids in self._held.values())
+
+    def watch(self, unstarted: Unstarted, flush: Callable[[db.Conn], None]) -> None:
+        """When the job in hand has run long: release `unstarted`'s jobs, and `flush` (the
+        completer's, thread-safe) the successes buffered before it. Call before start()."""
+        self._unstarted = unstarted
+        self._flush = flush
+        unstarted.watched_by(self._wake.set)
+
+    def _release_in(self) -> float | None:
+        """Seconds until the job in hand will have run long (None: no batch to watch)."""
+        if self._unstarted is None:
+            return None
+        due = self._unstarted.due()
+        return None if due is None else max(0.0, due - time.monotonic())
+
+    def release_unstarted(self) -> int:
+        """If the job in hand has run long: release the jobs not started and write the
+        successes buffered before it; and retry any release that failed before. Returns how
+        many jobs went back."""
+        cut = None if self._unstarted is None else self._unstarted.cut(time.monotonic())
+        jobs = self._unreleased + (cut or [])
+        released = self._release(jobs) if jobs else 0
+        if cut is not None:
+            try:
+                self._flush(self._connection())
+            except DatabaseError as exc:  # still buffered: the main thread writes them
+                log.warning("could not write buffered successes: %s", exc)
+                self._disconnect()
+        return released
+
+    def _release(self, jobs: list[Job]) -> int:
+        """Release `jobs` (fenced by lease and ids); those that fail stay held, to retry."""
+        by_lease: dict[LeaseToken, list[JobId]] = {}
+        for job in jobs:
+            by_lease.setdefault(job.lease, []).append(job.id)
+        released = 0
+        try:
+            for lease, ids in by_lease.items():
+                db.release(self._connection(), self._schema, ids=ids, lease=lease)
+                self.drop(lease, ids)
+                released += len(ids)
+        except DatabaseError as exc:
+            log.warning("could not release %d claimed jobs, retrying: %s", len(jobs), exc)
+            self._disconnect()
+        # what did not go back is still held (a job the beat found lost was dropped there)
+        self._unreleased = [j for j in jobs if self._holds(j)]
+        if released:
+            log.debug("released %d claimed jobs not started: the job in hand runs long", released)
+        return released
+
+    def _connection(self) -> db.Conn:
+        if self._conn is None or self._conn.closed:
+            self._conn = self._connect()
+        return self._conn
+
+    def _disconnect(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+        self._conn = None
+
+    def _holds(self, job: Job) -> bool:
+        with self._lock:
+            return job.id in self._held.get(job.lease, ())
 
     def beat_once(self) -> int:
         """One round of fenced heartbeats; returns how many jobs are still held."""
@@ -140,6 +213,9 @@ class Heartbeat:
             wait = next_beat - time.monotonic()
             if progress_in is not None:
                 wait = min(wait, progress_in)
+            release_in = self._release_in()
+            if release_in is not None:
+                wait = min(wait, release_in)
             self._wake.wait(max(0.0, wait))
             self._wake.clear()
             if self._stop.is_set():
@@ -148,3 +224,5 @@ class Heartbeat:
                 next_beat = time.monotonic() + self.tick()
             if self.progress.next_due() == 0.0:
                 self.write_progress()
+            if self._unreleased or self._release_in() == 0.0:
+                self.release_unstarted()

@@ -8,11 +8,13 @@
       ◀── shared slot ──   one entry per job in flight
 
 The loop claims when enough slots are free (a quarter of them, or any after CLAIM_EVERY), up to
-`claim_batch` at a time; the successes buffered since ride on the claim, as in worker.py. A
-claim that finds nothing sends Idle: the child then claims again only when woken (the
-supervisor wakes children with free capacity), while its jobs in flight run on. A type's own
-`concurrency` cap keeps its jobs claimed beyond the cap waiting here (held, heart-beaten) and
-leaves the type out of the next claim while it is full.
+`claim_batch` at a time, and no more than the jobs left to start before `max_jobs`; the
+successes buffered since ride on the claim, as in worker.py. A claim that finds nothing sends
+Idle: the child then claims again only when woken (the supervisor wakes children with free
+capacity), while its jobs in flight run on. A type's own `concurrency` cap leaves the type out
+of the next claim while it is full, and a claim of capped types only takes what their caps have
+room for. Jobs claimed beyond a cap (by a claim that also took other types) wait here, held and
+heart-beaten, for `release_unstarted_after` at most: then they go back for another child.
 
 Handlers that take `conn` get a connection of a per-child pool (psycopg_pool: an async one for
 async handlers, a sync one for threads, `concurrency` connections at most, opened on first use):
@@ -65,7 +67,7 @@ from pgq_supervisor.ipc import (
     Stop,
     Wake,
 )
-from pgq_supervisor.jobs import Job, JobId
+from pgq_supervisor.jobs import Job, JobId, LeaseToken
 from pgq_supervisor.registry import ClaimPolicy, Registry
 from pgq_supervisor.runs import Committed, Lost, Settlement, TimedOut
 from pgq_supervisor.signals import ChildSignals
@@ -134,6 +136,8 @@ class InFlightWorker:
         self.running: dict[JobId, InFlight] = {}
         self.per_type: dict[str, int] = {}
         self.queued: deque[Job] = deque()  # claimed, waiting for a type's cap or to run alone
+        self.claimed_at: dict[LeaseToken, float] = {}  # when each claim of a queued job was
+        self.started = 0  # jobs started: with max_jobs, claims stop at the jobs left to start
         self.done: list[tuple[InFlight, Settlement | None]] = []  # None: cancelled
         self.free_entries = list(range(self.capacity - 1, -1, -1))
         self.run_alone: dict[JobId, None] = {}  # ordered: the oldest are forgotten first
@@ -192,6 +196,7 @@ class InFlightWorker:
         try:
             while not (self.stopping and not self.running and not self.done):
                 await self._turn()
+                self.slot.set_held(len(self.queued))
         finally:
             loop.remove_reader(self.pipe.fileno())
             if sigterm is not None:
@@ -213,6 +218,7 @@ class InFlightWorker:
                 log.warning("could not write the outcomes of %d jobs before exit", len(self.done))
                 self.done.clear()
             return
+        release_in = None
         if self.stopping:
             self._release(list(self.queued))
             self.queued.clear()
@@ -220,6 +226,7 @@ class InFlightWorker:
             self._start_queued()
             if not self.idle and self._claim_due() and not await self._claim():
                 return
+            release_in = self._release_waiting()
         try:
             if self.idle and self.completer.buffered:
                 self.completer.flush(self.conn)  # no claim is coming to carry them
@@ -236,13 +243,19 @@ class InFlightWorker:
         wait = REPORT_EVERY
         if not self.idle and not self.stopping and self._free() > 0:
             wait = min(wait, max(0.0, self.last_claim + CLAIM_EVERY - now))
+        if release_in is not None:
+            wait = min(wait, release_in)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.changed.wait(), wait)
 
     # ---- capacity ----
 
     def _free(self) -> int:
-        return self.capacity - len(self.running) - len(self.queued)
+        """Slots a claim may fill: none past the jobs left to start before max_jobs."""
+        free = self.capacity - len(self.running) - len(self.queued)
+        if self.spec.max_jobs is not None:
+            free = min(free, self.spec.max_jobs - self.started - len(self.queued))
+        return free
 
     def _claim_due(self) -> bool:
         if self.alone is not None or (
@@ -258,14 +271,19 @@ class InFlightWorker:
             or self.clock() - self.last_claim >= CLAIM_EVERY
         )
 
+    def _held(self) -> dict[str, int]:
+        """Jobs held per type: in flight or queued."""
+        held = dict(self.per_type)
+        for job in self.queued:
+            held[job.type] = held.get(job.type, 0) + 1
+        return held
+
     def _claim_policy(self) -> ClaimPolicy | None:
         """The types a claim may take now: those below their cap (None: none are)."""
         if not self.caps:
             types = self.spec.types
         else:
-            held = dict(self.per_type)
-            for job in self.queued:
-                held[job.type] = held.get(job.type, 0) + 1
+            held = self._held()
             types = tuple(t for t in self.spec.types if held.get(t, 0) < self.caps.get(t, 1 << 30))
             if not types:
                 return None
@@ -273,6 +291,14 @@ class InFlightWorker:
         if policy is None:
             policy = self.policies[types] = self.registry.claim_policy(types)
         return policy
+
+    def _cap_room(self, types: tuple[str, ...]) -> int | None:
+        """When every type of a claim is capped, the jobs their caps have room for: no more
+        are claimed, or they would wait here behind the jobs in flight (None: no bound)."""
+        if not self.caps or any(t not in self.caps for t in types):
+            return None
+        held = self._held()
+        return sum(max(0, self.caps[t] - held.get(t, 0)) for t in types)
 
     async def _claim(self) -> bool:
         """Claim up to the free slots; False after a database error (dealt with)."""
@@ -283,6 +309,9 @@ class InFlightWorker:
         if policy is None or policy.types == self.found_none_of:
             return True  # every type is full, or those not full had nothing a moment ago
         limit = max(1, min(self._free(), self.spec.claim_batch))
+        room = self._cap_room(policy.types)
+        if room is not None:
+            limit = max(1, min(limit, room))
         self.last_claim = self.clock()
         try:
             jobs = self.completer.claim(self.conn, policy, limit)
@@ -310,6 +339,8 @@ class InFlightWorker:
         self._poll_pipe()
         self.queued.extend(jobs)
         self._start_queued()
+        if self.queued:
+            self.claimed_at[jobs[0].lease] = self.last_claim
         return True
 
     def _start_queued(self) -> None:
@@ -337,6 +368,34 @@ class InFlightWorker:
             self._start(job)
         self.queued = kept
 
+    def _release_waiting(self) -> float | None:
+        """Queued jobs that have waited `release_unstarted_after` since their claim go back
+        (for another child to run), but for one waiting to run alone: it waits for the jobs in
+        flight by design. Returns the seconds until the next is due (None: none waits)."""
+        if not self.queued:
+            self.claimed_at.clear()
+            return None
+        now = self.clock()
+        after = self.spec.release_unstarted_after
+        due: list[Job] = []
+        kept: deque[Job] = deque()
+        next_in: float | None = None
+        for job in self.queued:
+            left = self.claimed_at.get(job.lease, now) + after - now
+            if left <= 0 and job.id not in self.run_alone:
+                due.append(job)
+                continue
+            kept.append(job)
+            if job.id not in self.run_alone:
+                next_in = left if next_in is None else min(next_in, left)
+        if due:
+            self.queued = kept
+            self._release(due)
+        if len(self.claimed_at) > len(self.queued):  # claims none of whose jobs wait now
+            leases = {j.lease for j in self.queued}
+            self.claimed_at = {k: v for k, v in self.claimed_at.items() if k in leases}
+        return next_in
+
     # ---- running ----
 
     def _start(self, job: Job) -> None:
@@ -344,6 +403,7 @@ class InFlightWorker:
         timeout = self.registry.policy(job.type).timeout_for(job) if handler else None
         is_async = handler is not None and handler.is_async
         entry = self.free_entries.pop()
+        self.started += 1
         self.slot.set(
             job.id, self.clock(), timeout, job.attempt, job.type,
             entry=entry, grace=ASYNC_GRACE if is_async else 0.0,

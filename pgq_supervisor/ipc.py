@@ -6,16 +6,18 @@ Two channels per child:
   rewrites at every job start and end, so the hot path costs no system call; the supervisor
   reads it when it judges a timeout or reaps a death. It
   names the job's type too (an index into the child's types), so a death's retry backoff needs
-  no query. One more byte says the supervisor is killing the child (`mark_kill`): a SIGTERM
-  sent then is a kill, any other a stop (signals.ChildSignals).
+  no query; how many claimed jobs the child holds but has not started; and one more byte says
+  the supervisor is killing the child (`mark_kill`): a SIGTERM sent then is a kill, any other a
+  stop (signals.ChildSignals).
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import struct
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.sharedctypes import RawArray
 from typing import TYPE_CHECKING
@@ -119,6 +121,11 @@ class SlotView:
 # seq, job id, started, timeout (0 = none), grace, attempt, type index (-1 = unknown)
 _LAYOUT = struct.Struct("<Q16sdddii")
 _ENTRY = 64
+# After entry 0's layout, outside its sequence lock: how many claimed jobs the child holds but
+# has not started. One aligned 4-byte store, written at every job start and read for display
+# only, so it needs no lock of its own.
+_HELD = struct.Struct("<i")
+_HELD_AT = _LAYOUT.size
 _NO_JOB = b"\0" * 16
 
 
@@ -152,6 +159,11 @@ class JobSlot:
         self._view = memoryview(raw).cast("B")
         self.capacity = max(1, len(raw) // _ENTRY)
         self._seqs = [0] * self.capacity
+        # set_held(n): the child holds n claimed jobs it has not started. Called at every job
+        # start, so a bound pack_into rather than a method (half the cost)
+        self.set_held: Callable[[int], None] = functools.partial(
+            _HELD.pack_into, self._view, _HELD_AT
+        )
 
     # Pickled for the spawned child as the shared arrays themselves (multiprocessing passes
     # their fd).
@@ -211,6 +223,10 @@ class JobSlot:
             attempt,
             self._index.get(job_type, -1),
         )
+
+    def held(self) -> int:
+        """How many claimed jobs the child holds but has not started (as it last said)."""
+        return int(_HELD.unpack_from(self._view, _HELD_AT)[0])
 
     def clear(self, entry: int = 0) -> None:
         self._write(entry, _NO_JOB, 0.0, 0.0, 0.0, 0, -1)

@@ -80,6 +80,13 @@ class Settings(BaseSettings):
     )
     claim_batch: int = Field(100, ge=1, le=200, description="most jobs one claim may take")
     concurrency: int = Field(1, ge=1, le=1000, description="most jobs one child runs at once")
+    release_unstarted_after: float = Field(
+        0.25,
+        gt=0,
+        le=3600,
+        allow_inf_nan=False,
+        description="seconds a child's claimed, unstarted jobs may wait behind a running one",
+    )
     metrics_port: int | None = Field(None, ge=0, le=65535)
     metrics_host: str = "0.0.0.0"
     retain_succeeded: float | None = Field(

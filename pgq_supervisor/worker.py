@@ -4,19 +4,25 @@
       Wake / Stop          Worker: claim ◀─ job conn         every heartbeat_interval:
       ◀── Ready / Idle     Executor: run handler, in order   UPDATE worker_alive_at
           Report           Completer: write outcomes         for every job held (fenced),
-      ◀── shared slot ──   slot = job in hand                on its own connection
+      ◀── shared slot ──   slot = job in hand, held count    on its own connection; and
+                                                             a batch behind a long job
+                                                             goes back (unstarted.py)
 
 The Worker owns the job connection and the loop: claim a batch (sized from how long recent
-jobs took) → run it in order → settle (jobs not started go back) → report; or, when a claim
-finds nothing, send Idle and block on the pipe. The Executor runs a handler and says what
-happened; the Completer writes it, fenced by the lease: a failure at once, successes in the
-statement of the next claim (or a flush when a batch runs long), and keeps every held job in
-the heartbeat until its outcome lands. A database error backs off with jitter, reconnects if
-the connection is gone (waking for a Stop), then lets the Completer write or forget its
-buffer. Pipe EOF (the supervisor is gone) makes the child finish the job in hand and exit.
-SIGINT is ignored (Ctrl-C reaches the supervisor too, and it stops the children). SIGTERM is a
-stop, as Stop is, and the child tells the supervisor it leaves (Retiring): the handler only
-records it and wakes the loop (signals.ChildSignals), the job in hand runs to its end.
+jobs took, and never past max_jobs) → run it in order → settle (jobs not started go back) →
+report; or, when a claim finds nothing, send Idle and block on the pipe. When one job of the
+batch runs past `release_unstarted_after`, the heartbeat thread releases the jobs behind it and
+writes the successes before it, so nothing waits on a slow job but that job.
+
+The Executor runs a handler and says what happened; the Completer writes it, fenced by the
+lease: a failure at once, successes in the statement of the next claim (or a flush when a
+batch runs long), and keeps every held job in the heartbeat until its outcome lands. A database
+error backs off with jitter, reconnects if the connection is gone (waking for a Stop), then
+lets the Completer write or forget its buffer. Pipe EOF (the supervisor is gone) makes the
+child finish the job in hand and exit. SIGINT is ignored (Ctrl-C reaches the supervisor too,
+and it stops the children). SIGTERM is a stop, as Stop is, and the child tells the supervisor it
+leaves (Retiring): the handler only records it and wakes the loop (signals.ChildSignals), the
+job in hand runs to its end.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ from pgq_supervisor.jobs import Job
 from pgq_supervisor.logs import setup_logging
 from pgq_supervisor.registry import Registry, load_registry
 from pgq_supervisor.signals import ChildSignals
+from pgq_supervisor.unstarted import Unstarted
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +82,8 @@ class ChildSpec:
     synchronous_commit: bool = False
     prepare_threshold: int | None = db.PREPARE_THRESHOLD
     concurrency: int = 1  # most jobs in flight at once (1: the one-at-a-time Worker below)
+    # claimed jobs not started go back once they have waited this long behind a running job
+    release_unstarted_after: float = 0.25
 
 
 def child_main(spec: ChildSpec, pipe: Connection, slot: JobSlot) -> None:
@@ -211,6 +220,10 @@ class Worker:
         self.conn = conn
         self.claim_policy = registry.claim_policy(spec.types)
         self.heartbeat, self.executor, self.completer = child_parts(spec, registry)
+        # the batch's jobs not started: when the job in hand runs long, the heartbeat thread
+        # gives them back and writes the successes buffered before it (unstarted.py)
+        self.unstarted = Unstarted(spec.release_unstarted_after, slot.set_held)
+        self.heartbeat.watch(self.unstarted, self.completer.flush)
         # Errors that repeat (a schema not migrated, say) must not spin; reset by a claim.
         self.error_backoff = error_backoff or Backoff(initial=0.1, maximum=5.0)
         self.connect_backoff = connect_backoff or Backoff(initial=0.2, maximum=5.0)
@@ -256,6 +269,8 @@ class Worker:
         """The next batch; the last batch's successes are written on the way. None after a
         database error."""
         limit = max(1, min(self.spec.claim_batch, int(BATCH_BUDGET / max(self.per_job, 1e-6))))
+        if self.spec.max_jobs is not None:  # never more than the jobs left before retiring
+            limit = max(1, min(limit, self.spec.max_jobs - self.jobs_done))
         try:
             jobs = self.completer.claim(self.conn, self.claim_policy, limit)
         except DatabaseError as exc:
@@ -268,31 +283,42 @@ class Worker:
         return jobs
 
     def _run_batch(self, jobs: list[Job]) -> None:
-        """Run the batch in claim order until done or told to stop; jobs not started go back."""
+        """Run the batch in claim order until done or told to stop; jobs not started go back
+        (at the end, or earlier from the heartbeat thread when one job runs long)."""
         titled = len(jobs) <= 4  # a title per job costs microseconds: small batches only
         started = time.monotonic()
+        unstarted = self.unstarted
+        unstarted.load(jobs, started)
         done = 0
+        job: Job | None = None  # the job in hand, if its run raised
         try:
-            for job in jobs:
+            while True:
                 self._poll_pipe()
                 if self.stopping:
                     break
-                self._run_one(job, titled)
+                now = time.monotonic()
+                job = unstarted.take(now)
+                if job is None:
+                    break
+                self._run_one(job, titled, now)
+                job = None
                 done += 1
                 self.completer.flush_if_due(self.conn)
         except DatabaseError as exc:
             self.slot.clear()
             self._database_error(exc)
         finally:
-            self.completer.release(self.conn, jobs[done:])
+            rest = unstarted.finish()
+            # as before: a job whose outcome could not be written goes back with the rest
+            self.completer.release(self.conn, rest if job is None else [job, *rest])
         if done:
             took = (time.monotonic() - started) / done
             self.per_job = 0.7 * self.per_job + 0.3 * took
         self.jobs_done += done
 
-    def _run_one(self, job: Job, titled: bool) -> None:
+    def _run_one(self, job: Job, titled: bool, now: float) -> None:
         timeout = self.registry.policy(job.type).timeout_for(job)
-        self.slot.set(job.id, time.monotonic(), timeout, job.attempt, job.type)
+        self.slot.set(job.id, now, timeout, job.attempt, job.type)
         if titled:
             setproctitle(f"pgq-worker[{self.spec.index}] {job.type} {job.id}")
         self.completer.run(self.conn, job, self.executor)

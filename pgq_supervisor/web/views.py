@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 
 from pgq_supervisor import db
 from pgq_supervisor.admin_show import progress_cell
-from pgq_supervisor.admin_workers import children_of
+from pgq_supervisor.admin_workers import children_of, not_started
 from pgq_supervisor.db.rows import JobListed, ThroughputMinute
 from pgq_supervisor.errors import JobNotFound
 from pgq_supervisor.jobs import JobId, JobState, JsonValue, check_type_name
@@ -294,6 +294,10 @@ def job(conn: db.Conn, schema: str, job_id: JobId) -> Data:
         "dependencies": db.job_dependencies(conn, schema, job_id),
         "dependents": db.job_dependents(conn, schema, job_id, MAX_DEPENDENTS),
         "finished": record.state in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED),
+        # a running job its worker held without having started it (admin_workers.not_started)
+        "not_started": not_started(db.list_supervisors(conn, schema), record)
+        if record.state is JobState.RUNNING
+        else None,
         "cancellable": record.state in (JobState.PENDING, JobState.RUNNING),
     }
 

@@ -98,6 +98,28 @@ def test_every_page_answers_and_shows_the_counts(client: TestClient, conn: Conn)
     assert "host-1 pid 4242" in workers and f"t {failed}" in workers
 
 
+def test_jobs_claimed_but_not_started_show_as_such(client: TestClient, conn: Conn) -> None:
+    """A child's row says it runs one job and holds others it has not started (issue 20):
+    the Workers page counts them, and such a job's page says so (the job in hand's does not)."""
+    for _ in range(3):
+        db.enqueue(conn, SCHEMA, NewJob("t", {}))
+    in_hand, waiting, _ = claim(conn, ["t"], worker_id="h:1:0:ab", limit=3)
+    db.register_supervisor(
+        conn, SCHEMA, id="h:1", host="host-1", pid=4242, procs=1, types=["t"],
+        started_at=db.db_now(conn, SCHEMA),
+        children=[{"index": 0, "pid": 4243, "worker_id": "h:1:0:ab", "state": "busy",
+                   "job_id": str(in_hand.id), "job_type": "t", "in_flight": 1, "held": 2,
+                   "jobs_done": 7}],
+    )  # fmt: skip
+    workers = client.get("/workers").text
+    assert "(+2 claimed, not started)" in workers
+    page = client.get(f"/jobs/{waiting.id}").text
+    found = re.search(r'<td id="not-started">(.*?)</td>', page, re.S)
+    assert found is not None, "the job page does not say the job was not started"
+    assert "claimed, not started" in found.group(1) and str(in_hand.id) in found.group(1)
+    assert 'id="not-started"' not in client.get(f"/jobs/{in_hand.id}").text
+
+
 def test_search_by_id_opens_the_job_and_by_unique_key_lists_it(
     client: TestClient, conn: Conn
 ) -> None:

@@ -26,6 +26,19 @@ def test_the_slot_names_the_job_and_its_type() -> None:
     assert slot.read() is None
 
 
+def test_the_slot_says_how_many_claimed_jobs_wait_unstarted_apart_from_the_job() -> None:
+    slot = JobSlot(("email",))
+    assert slot.held() == 0
+    slot.set(JOB, 10.0, None, 1, "email")
+    slot.set_held(7)
+    assert slot.held() == 7
+    assert slot.read() == SlotView(JOB, 10.0, None, 1, "email")  # the entry is untouched
+    slot.clear()
+    assert slot.held() == 7  # the count is the child's to change, not the entry's
+    slot.set_held(0)
+    assert slot.held() == 0
+
+
 def test_a_spawned_child_writes_what_the_supervisor_reads() -> None:
     slot = JobSlot(("email", "resize"))
     ctx = multiprocessing.get_context("spawn")

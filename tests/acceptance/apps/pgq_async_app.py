@@ -100,3 +100,15 @@ def trecord(
     if payload.get("fail"):
         raise RuntimeError("handler failed after its write")
     return "done"
+
+
+@registry.handler("agated", concurrency=1, retry=NO_BACKOFF)
+async def agated(payload: dict[str, str]) -> None:
+    """One in flight per child. Returns at once; one given a `gate` (a file's path) first
+    waits for the test to create it: a slow job among fast ones of its type."""
+    gate = payload.get("gate")
+    deadline = time.monotonic() + 120
+    while gate and not os.path.exists(gate):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"gate {gate} never opened")
+        await asyncio.sleep(0.01)  # polling the gate, with a deadline

@@ -138,3 +138,15 @@ def flaky(payload: dict[str, str], job: pgq.Job, conn: Conn) -> dict[str, str]:
     if row is None:
         raise RuntimeError("gate closed")
     return {"gate": "open"}
+
+
+@registry.handler("gated")
+def gated(payload: dict[str, str]) -> None:
+    """Returns at once; one given a `gate` (a file's path) first waits for the test to create
+    it: a slow job among fast ones of its type."""
+    gate = payload.get("gate")
+    deadline = time.monotonic() + 120
+    while gate and not os.path.exists(gate):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"gate {gate} never opened")
+        time.sleep(0.01)  # polling the gate, with a deadline
