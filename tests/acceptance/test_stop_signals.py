@@ -6,7 +6,7 @@ group; KillMode=mixed sends SIGTERM to the supervisor alone; an operator may SIG
 Each is a graceful stop: the job inside its handler runs to its end and succeeds, jobs claimed
 but not started go back to pending without an attempt, every child exits 0.
 
-Each test starts the real CLI in its own process group and waits until a `gated` job (the
+Each test starts the real CLI in its own process group and waits until a `capped_steps` job (the
 `steps` handler: it reports progress, then waits for its gate row) is inside its handler before
 signalling. kill(2) returns once the signal is pending in every target, so a gate opened after
 it is seen only after the children's handlers have run: the job ends after the signal, always.
@@ -27,11 +27,16 @@ from tests.acceptance.conftest import Conn
 from tests.acceptance.helpers import APP, FAST, Supervisor, count, wait_for
 
 Send = Callable[[Supervisor], None]
-OTHERS = 5  # gated jobs enqueued behind the first: claimed with it (as many as fit), unstarted
+# capped_steps jobs enqueued behind the first: claimed with it (as many as fit), unstarted
+OTHERS = 5
 
 
 def _start(sups: list[Supervisor], dsn: str, *args: str, wrap: tuple[str, ...] = ()) -> Supervisor:
-    sup = Supervisor(dsn, APP, "--procs", "1", "--shutdown-timeout", "60", *FAST, *args, wrap=wrap)
+    # jobs claimed behind the running one stay claimed until the stop (no head-of-line release)
+    held = ("--release-unstarted-after", "600")
+    sup = Supervisor(
+        dsn, APP, "--procs", "1", "--shutdown-timeout", "60", *held, *FAST, *args, wrap=wrap
+    )
     sups.append(sup)
     return sup
 
@@ -41,8 +46,8 @@ def _concurrency(args: tuple[str, ...]) -> int:
 
 
 def _gated_jobs_claimed(db: Conn, dsn: str, concurrency: int) -> list[pgq.JobId]:
-    """Enqueue a first gated job and OTHERS behind it; return their ids once the first is inside
-    its handler and more are claimed behind it, not started."""
+    """Enqueue a first capped_steps job and OTHERS behind it; return their ids once the first is
+    inside its handler and more are claimed behind it, not started."""
     db.execute(GATES_DDL)
     if concurrency == 1:
         # the one-job-at-a-time child sizes its claim from how long recent jobs took: after
@@ -52,15 +57,15 @@ def _gated_jobs_claimed(db: Conn, dsn: str, concurrency: int) -> list[pgq.JobId]
     # in one statement, so one claim sees them all; the first goes first (its priority)
     ids = pgq.enqueue_many(
         db,
-        [pgq.NewJob("gated", {"n": 1}, priority=10)]
-        + [pgq.NewJob("gated", {"n": 1}) for _ in range(OTHERS)],
+        [pgq.NewJob("capped_steps", {"n": 1}, priority=10)]
+        + [pgq.NewJob("capped_steps", {"n": 1}) for _ in range(OTHERS)],
     )
     first = ids[0]
     wait_for("the first job inside its handler", lambda: _in_handler(db, first))
     # at --concurrency 4 the type's cap of 1 keeps 3 claimed and waiting in the child
     wait_for(
         "jobs claimed but not started behind it",
-        lambda: count(dsn, f"type = 'gated' AND state = 'running' AND id <> '{first}'") >= 1,
+        lambda: count(dsn, f"type = 'capped_steps' AND state = 'running' AND id <> '{first}'") >= 1,
     )
     return ids
 
@@ -157,7 +162,7 @@ def test_sigterm_to_a_child_alone_stops_it_cleanly_and_it_is_replaced(
     new = wait_for("a new child in its place", replaced)
     for job_id in ids[1:]:
         _open_gate(db, job_id)
-    done = "type = 'gated' AND state = 'succeeded'"
+    done = "type = 'capped_steps' AND state = 'succeeded'"
     wait_for("every gated job done", lambda: count(dsn, done) == len(ids))
     assert all(_uncharged(_job(db, job_id)) for job_id in ids)
     ran_by = {job_id: pid for job_id, pid in db.execute("SELECT job_id, pid FROM effects")}

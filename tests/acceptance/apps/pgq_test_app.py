@@ -119,7 +119,7 @@ def steps(payload: dict[str, int], job: pgq.Job, conn: Conn) -> dict[str, int]:
 
 # `steps`, at most one in flight per child: at --concurrency N the rest of a claim waits in the
 # child, claimed but not started (the stop-signal tests release them)
-registry.handler("gated", concurrency=1, retry=NO_BACKOFF)(steps)
+registry.handler("capped_steps", concurrency=1, retry=NO_BACKOFF)(steps)
 
 
 @registry.handler("step", max_retry_count=0)
