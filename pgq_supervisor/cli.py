@@ -166,8 +166,8 @@ def _fail(code: ExitCode, message: str, dsns: Sequence[object]) -> int:
 
 
 def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
-    from pgq_supervisor.metrics import Metrics, MetricsServer
-    from pgq_supervisor.supervisor import Supervisor
+    from pgq_supervisor.supervisor.loop import Supervisor
+    from pgq_supervisor.supervisor.metrics import Metrics, MetricsServer
 
     if not settings.app:
         raise ConfigError("no app given: pass --app package.module:registry or set PGQ_APP")

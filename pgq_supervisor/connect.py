@@ -1,6 +1,6 @@
 """How a command reaches its database: the configured DSN or the embedded server, checked.
 
-Shared by the `run`/`migrate`/`enqueue` commands (cli.py) and the admin commands (admin.py).
+Shared by the `run`/`migrate`/`enqueue` commands (cli.py) and the admin commands (admin/).
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from multiprocessing.sharedctypes import RawArray
 from typing import TYPE_CHECKING
 
+from pgq_supervisor import db
 from pgq_supervisor.jobs import JobId, OutcomeKind
 
 if TYPE_CHECKING:
@@ -258,3 +259,27 @@ class JobSlot:
             view = self.read()
             return [] if view is None else [view]
         return [v for i in range(self.capacity) if (v := self.read(i)) is not None]
+
+
+@dataclass(frozen=True, slots=True)
+class ChildSpec:
+    """Everything a spawned child needs; plain data, pickled to the new interpreter."""
+
+    index: int
+    worker_id: str
+    app: str
+    dsn: str
+    schema: str
+    types: tuple[str, ...]
+    heartbeat_interval: float
+    claim_batch: int
+    max_jobs: int | None
+    max_memory_mb: int | None
+    log_level: str
+    log_format: str
+    connect_timeout: float = 30.0
+    synchronous_commit: bool = False
+    prepare_threshold: int | None = db.PREPARE_THRESHOLD
+    concurrency: int = 1  # most jobs in flight at once (1: the Worker of worker/sync.py)
+    # claimed jobs not started go back once they have waited this long behind a running job
+    release_unstarted_after: float = 0.25

@@ -16,11 +16,11 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from pgq_supervisor import db
-from pgq_supervisor.completion import Completer, Outcome
-from pgq_supervisor.executor import Executor
 from pgq_supervisor.jobs import Job, JobId, JsonValue, LeaseToken, OutcomeKind
-from pgq_supervisor.progress import Recorder, reporting
 from pgq_supervisor.registry import Registry
+from pgq_supervisor.worker.completion import Completer, Outcome
+from pgq_supervisor.worker.executor import Executor
+from pgq_supervisor.worker.progress import Recorder, reporting
 
 _ZERO = uuid.UUID(int=0)
 

@@ -15,15 +15,14 @@ import signal
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 
-from pgq_supervisor.child import Process
 from pgq_supervisor.errors import ExitCode
-from pgq_supervisor.ipc import BootFailed, FromChild, JobSlot, Ready, ToChild
+from pgq_supervisor.ipc import BootFailed, ChildSpec, FromChild, JobSlot, Ready, ToChild
 from pgq_supervisor.jobs import JobId
-from pgq_supervisor.maintenance import Services
 from pgq_supervisor.registry import Registry
 from pgq_supervisor.settings import Settings
-from pgq_supervisor.supervisor import Supervisor
-from pgq_supervisor.worker import ChildSpec
+from pgq_supervisor.supervisor.children import Process
+from pgq_supervisor.supervisor.loop import Supervisor
+from pgq_supervisor.supervisor.maintenance import Services
 
 NO_DATABASE = "host=127.0.0.1 port=1 connect_timeout=1"  # refused at once
 

@@ -10,9 +10,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from pgq_supervisor import db
-from pgq_supervisor.admin_show import progress_cell
-from pgq_supervisor.admin_workers import children_of, not_started
 from pgq_supervisor.db.rows import JobListed, ThroughputMinute
+from pgq_supervisor.display import children_of, not_started, progress_cell
 from pgq_supervisor.errors import JobNotFound
 from pgq_supervisor.jobs import JobId, JobState, JsonValue, check_type_name
 

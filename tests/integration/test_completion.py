@@ -14,12 +14,12 @@ import pytest
 
 import pgq_supervisor as pgq
 from pgq_supervisor import db
-from pgq_supervisor.completion import Completer
 from pgq_supervisor.db import Conn
 from pgq_supervisor.errors import DatabaseError
-from pgq_supervisor.executor import Executor
-from pgq_supervisor.heartbeat import Heartbeat
 from pgq_supervisor.jobs import JobId, OutcomeKind
+from pgq_supervisor.worker.completion import Completer
+from pgq_supervisor.worker.executor import Executor
+from pgq_supervisor.worker.heartbeat import Heartbeat
 from tests.integration.support import age_heartbeat, get, raw_row
 
 S = "pgq"

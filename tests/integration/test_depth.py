@@ -10,7 +10,7 @@ import pgq_supervisor as pgq
 from pgq_supervisor import db
 from pgq_supervisor.db import Conn
 from pgq_supervisor.jobs import AttemptKind, JobState
-from pgq_supervisor.metrics import Metrics, QueueMetrics
+from pgq_supervisor.supervisor.metrics import Metrics, QueueMetrics
 from tests.acceptance.helpers import ROOT, run_cli
 from tests.integration.support import claim, claim_one, get
 

@@ -7,10 +7,10 @@ import pytest
 
 import pgq_supervisor as pgq
 from pgq_supervisor import db
-from pgq_supervisor.completion import Completer
 from pgq_supervisor.db import Conn
-from pgq_supervisor.executor import Executor
 from pgq_supervisor.jobs import AttemptKind, Job, LeaseToken
+from pgq_supervisor.worker.completion import Completer
+from pgq_supervisor.worker.executor import Executor
 from tests.integration.support import age_heartbeat, claim, claim_one, get, raw_row
 
 S = "pgq"

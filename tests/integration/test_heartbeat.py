@@ -11,7 +11,7 @@ import pgq_supervisor as pgq
 from pgq_supervisor import db
 from pgq_supervisor.backoff import Backoff
 from pgq_supervisor.db import Conn
-from pgq_supervisor.heartbeat import Heartbeat
+from pgq_supervisor.worker.heartbeat import Heartbeat
 from tests.integration.support import age_heartbeat, claim_one, get
 
 S = "pgq"

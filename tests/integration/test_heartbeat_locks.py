@@ -20,8 +20,8 @@ import pgq_supervisor as pgq
 from pgq_supervisor import db
 from pgq_supervisor.db import Conn
 from pgq_supervisor.errors import DatabaseError
-from pgq_supervisor.heartbeat import Heartbeat
 from pgq_supervisor.jobs import Job, JobId, JobState
+from pgq_supervisor.worker.heartbeat import Heartbeat
 from tests.integration.support import (
     age_heartbeat,
     claim,

@@ -14,7 +14,7 @@ from pgq_supervisor import db
 from pgq_supervisor.db import Conn
 from pgq_supervisor.jobs import JobId
 from pgq_supervisor.periodic import Schedule
-from pgq_supervisor.scheduler import Scheduler
+from pgq_supervisor.supervisor.maintenance.scheduler import Scheduler
 from tests.acceptance.helpers import run_cli
 from tests.integration.support import SCHEMA, in_threads
 

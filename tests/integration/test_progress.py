@@ -12,9 +12,9 @@ import pytest
 import pgq_supervisor as pgq
 from pgq_supervisor import db, testing
 from pgq_supervisor.db import Conn
-from pgq_supervisor.executor import Executor
-from pgq_supervisor.heartbeat import Heartbeat
 from pgq_supervisor.jobs import JobState
+from pgq_supervisor.worker.executor import Executor
+from pgq_supervisor.worker.heartbeat import Heartbeat
 
 from .support import DEADLINE, SCHEMA, claim_one, get, listening, until
 

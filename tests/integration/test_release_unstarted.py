@@ -10,12 +10,12 @@ from psycopg.conninfo import make_conninfo
 
 import pgq_supervisor as pgq
 from pgq_supervisor import db
-from pgq_supervisor.completion import Completer
 from pgq_supervisor.db import Conn
-from pgq_supervisor.executor import Executor
-from pgq_supervisor.heartbeat import Heartbeat
 from pgq_supervisor.jobs import JobState
-from pgq_supervisor.unstarted import Unstarted
+from pgq_supervisor.worker.completion import Completer
+from pgq_supervisor.worker.executor import Executor
+from pgq_supervisor.worker.heartbeat import Heartbeat
+from pgq_supervisor.worker.unstarted import Unstarted
 from tests.integration.support import get, listening, until
 
 S = "pgq"

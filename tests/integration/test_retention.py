@@ -12,8 +12,8 @@ from pgq_supervisor import db
 from pgq_supervisor import sql as queries
 from pgq_supervisor.db import Conn
 from pgq_supervisor.jobs import AttemptKind, JobId, JobState
-from pgq_supervisor.retention import Pruner, PruneResult
 from pgq_supervisor.settings import load_settings
+from pgq_supervisor.supervisor.maintenance.retention import Pruner, PruneResult
 from tests.integration.support import claim, count_rows
 
 DAY = 86400.0

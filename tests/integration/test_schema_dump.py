@@ -12,7 +12,8 @@ import psycopg
 import pytest
 
 import pgq_supervisor as pgq
-from pgq_supervisor import admin_schema, db
+from pgq_supervisor import db
+from pgq_supervisor.admin import schema as admin_schema
 from pgq_supervisor.db import Conn
 from tests.acceptance.helpers import ROOT, run_cli
 

@@ -1,4 +1,4 @@
-"""Children are forked by a preloaded fork server (child.spawn_process): real processes, a real
+"""Children are forked by a preloaded fork server (children.spawn_process): real processes, a real
 database. The fork server holds no connection and no thread, so none crosses a fork; it has
 psycopg and pydantic loaded (their pages are what the children share); an app that cannot be
 imported still fails the child at boot with CHILD_BOOT_FAILURE; a fork server that died is
@@ -15,10 +15,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from multiprocessing.connection import Connection
 
-from pgq_supervisor.child import Process, spawn_process
 from pgq_supervisor.errors import ExitCode
-from pgq_supervisor.ipc import BootFailed, JobSlot, Ready, Stop
-from pgq_supervisor.worker import ChildSpec
+from pgq_supervisor.ipc import BootFailed, ChildSpec, JobSlot, Ready, Stop
+from pgq_supervisor.supervisor.children import Process, spawn_process
 from tests.integration.support import DEADLINE, until
 
 APP = "tests.integration.test_worker_reconnect:registry"  # serves type "t"

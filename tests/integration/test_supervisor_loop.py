@@ -14,16 +14,16 @@ import pytest
 
 import pgq_supervisor as pgq
 from pgq_supervisor import db
-from pgq_supervisor.activity import ActivitySummary
 from pgq_supervisor.db import Conn
 from pgq_supervisor.jobs import JobState
-from pgq_supervisor.maintenance import Services
-from pgq_supervisor.metrics import Metrics, QueueMetrics
 from pgq_supervisor.registry import RetryPolicy
-from pgq_supervisor.rescuer import Rescuer
-from pgq_supervisor.retention import Pruner
 from pgq_supervisor.settings import Settings, load_settings
-from pgq_supervisor.supervisor import Supervisor
+from pgq_supervisor.supervisor.loop import Supervisor
+from pgq_supervisor.supervisor.maintenance import Services
+from pgq_supervisor.supervisor.maintenance.activity import ActivitySummary
+from pgq_supervisor.supervisor.maintenance.rescuer import Rescuer
+from pgq_supervisor.supervisor.maintenance.retention import Pruner
+from pgq_supervisor.supervisor.metrics import Metrics, QueueMetrics
 from tests.fake_children import FakeClock, FakeSpawner, make_supervisor
 from tests.integration.support import age_heartbeat, claim, claim_one, get
 
@@ -144,7 +144,7 @@ def test_a_failing_service_does_not_keep_the_others_from_running(
         settings(dsn), registry(), dsn, metrics=metrics, spawner=spawner, clock=clock,
         rng=random.Random(1), services=services,
     )  # fmt: skip
-    with caplog.at_level(logging.WARNING, logger="pgq_supervisor.maintenance"):
+    with caplog.at_level(logging.WARNING, logger="pgq_supervisor.supervisor.maintenance"):
         sup.run_once(0)
     assert any(r.getMessage().startswith("rescue failed") for r in caplog.records)
     assert sample(metrics, "pgq_jobs_ready", type="fast") == 1  # queue metrics ran after it

@@ -23,8 +23,9 @@ from psycopg.conninfo import conninfo_to_dict
 import pgq_supervisor as pgq
 from pgq_supervisor.backoff import Backoff
 from pgq_supervisor.db import Conn
-from pgq_supervisor.ipc import Idle, JobSlot, Ready, Stop, Wake
-from pgq_supervisor.worker import ChildSpec, Worker, connect_retrying
+from pgq_supervisor.ipc import ChildSpec, Idle, JobSlot, Ready, Stop, Wake
+from pgq_supervisor.worker.main import connect_retrying
+from pgq_supervisor.worker.sync import Worker
 from tests.integration.support import DEADLINE, count_rows, until
 
 registry = pgq.Registry()

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from pgq_supervisor.activity import ActivitySummary
+from pgq_supervisor.supervisor.maintenance.activity import ActivitySummary
 
 
 def test_summary_counts_per_type_and_outcome_then_starts_over(
@@ -16,7 +16,7 @@ def test_summary_counts_per_type_and_outcome_then_starts_over(
     summary.record([("email", "succeeded", 0.1)] * 30 + [("email", "retried", 0.2)])
     summary.record([("resize", "failed", 1.0), ("email", "succeeded", 0.1)])
     assert not summary.due(109.9) and summary.due(110.0)
-    with caplog.at_level(logging.INFO, logger="pgq_supervisor.activity"):
+    with caplog.at_level(logging.INFO, logger="pgq_supervisor.supervisor.maintenance.activity"):
         result = summary.run_once(110.0)
     assert result.ended == 33
     assert result.line == (

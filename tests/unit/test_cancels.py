@@ -6,12 +6,12 @@ import json
 import signal
 import uuid
 
-from pgq_supervisor import cancels
-from pgq_supervisor.child import CANCELLED, ChildState
 from pgq_supervisor.jobs import JobId
 from pgq_supervisor.registry import Registry
 from pgq_supervisor.settings import load_settings
-from pgq_supervisor.supervisor import Supervisor
+from pgq_supervisor.supervisor import cancels
+from pgq_supervisor.supervisor.children import CANCELLED, ChildState
+from pgq_supervisor.supervisor.loop import Supervisor
 from tests.fake_children import NO_DATABASE, FakeClock, FakeSpawner, make_supervisor
 
 

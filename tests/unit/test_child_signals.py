@@ -17,7 +17,7 @@ import pytest
 
 from pgq_supervisor.ipc import JobSlot, Retiring
 from pgq_supervisor.signals import ChildSignals
-from pgq_supervisor.worker import stop_on_sigterm
+from pgq_supervisor.worker.base import stop_on_sigterm
 
 
 @pytest.fixture

@@ -16,9 +16,9 @@ import yaml
 
 from pgq_supervisor import cli
 from pgq_supervisor import sql as queries
-from pgq_supervisor.metrics import Metrics
 from pgq_supervisor.registry import load_registry
 from pgq_supervisor.settings import Settings, load_settings
+from pgq_supervisor.supervisor.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"

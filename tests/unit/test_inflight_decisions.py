@@ -7,14 +7,14 @@ from __future__ import annotations
 import signal
 import uuid
 
-from pgq_supervisor import cancels
-from pgq_supervisor.child import CANCELLED
-from pgq_supervisor.deaths import shared_death
 from pgq_supervisor.ipc import CancelJob, RunAlone
 from pgq_supervisor.jobs import JobId
 from pgq_supervisor.registry import Registry
 from pgq_supervisor.settings import load_settings
-from pgq_supervisor.supervisor import Supervisor
+from pgq_supervisor.supervisor import cancels
+from pgq_supervisor.supervisor.children import CANCELLED
+from pgq_supervisor.supervisor.deaths import shared_death
+from pgq_supervisor.supervisor.loop import Supervisor
 from tests.fake_children import NO_DATABASE, FakeClock, FakeSpawner, make_supervisor
 
 

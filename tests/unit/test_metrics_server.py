@@ -12,7 +12,7 @@ import pytest
 
 from pgq_supervisor.db.rows import TypeControl, TypeLimit
 from pgq_supervisor.jobs import JobState, TypeStats
-from pgq_supervisor.metrics import Metrics, MetricsServer
+from pgq_supervisor.supervisor.metrics import Metrics, MetricsServer
 from tests.acceptance.scrape import metric, scrape
 
 

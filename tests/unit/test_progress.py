@@ -10,7 +10,7 @@ import pytest
 import pgq_supervisor as pgq
 from pgq_supervisor import testing
 from pgq_supervisor.jobs import JobId, JsonValue, LeaseToken
-from pgq_supervisor.progress import MAX_PROGRESS_BYTES, ProgressBuffer, encode
+from pgq_supervisor.worker.progress import MAX_PROGRESS_BYTES, ProgressBuffer, encode
 
 
 def _job(lease: uuid.UUID | None = None) -> pgq.Job:

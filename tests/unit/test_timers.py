@@ -8,8 +8,9 @@ import random
 import pytest
 
 from pgq_supervisor.errors import DatabaseError
-from pgq_supervisor.listener import Listener
-from pgq_supervisor.maintenance import (
+from pgq_supervisor.settings import load_settings
+from pgq_supervisor.supervisor.listener import Listener
+from pgq_supervisor.supervisor.maintenance import (
     ControlConnection,
     ControlDown,
     Services,
@@ -17,8 +18,7 @@ from pgq_supervisor.maintenance import (
     Timers,
     maintenance_timers,
 )
-from pgq_supervisor.metrics import Metrics
-from pgq_supervisor.settings import load_settings
+from pgq_supervisor.supervisor.metrics import Metrics
 from tests.fake_children import NO_DATABASE, FakeClock
 
 

@@ -16,7 +16,7 @@ import pytest
 
 import pgq_supervisor as pgq
 from pgq_supervisor.jobs import JobId, LeaseToken
-from pgq_supervisor.unstarted import Unstarted
+from pgq_supervisor.worker.unstarted import Unstarted
 
 LEASE = LeaseToken(uuid.uuid4())
 

@@ -1,15 +1,15 @@
 """A child with many jobs in flight (`concurrency` > 1, or an `async def` handler served).
 
     supervisor ──pipe──▶ child main thread: one asyncio loop            pgq-heartbeat thread
-      Wake / Stop /        claim up to the free slots ◀─ job conn       (as in worker.py: every
+      Wake / Stop /        claim up to the free slots ◀─ job conn       (as in sync.py: every
       CancelJob / RunAlone async handlers: tasks on the loop            held job, fenced)
       ◀── Ready / Idle     sync handlers: a thread pool (pgq-job-N)
-          Report           settle on the loop: Completer, as worker.py
+          Report           settle on the loop: Completer, as sync.py
       ◀── shared slot ──   one entry per job in flight
 
 The loop claims when enough slots are free (a quarter of them, or any after CLAIM_EVERY), up to
 `claim_batch` at a time, and no more than the jobs left to start before `max_jobs`; the
-successes buffered since ride on the claim, as in worker.py. A claim that finds nothing sends
+successes buffered since ride on the claim, as in sync.py. A claim that finds nothing sends
 Idle: the child then claims again only when woken (the supervisor wakes children with free
 capacity), while its jobs in flight run on. A type's own `concurrency` cap leaves the type out
 of the next claim while it is full, and a claim of capped types only takes what their caps have
@@ -52,12 +52,12 @@ from typing import Final
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 from setproctitle import setproctitle
 
-from pgq_supervisor import db, runs
+from pgq_supervisor import db
 from pgq_supervisor.backoff import Backoff
 from pgq_supervisor.errors import DatabaseError
-from pgq_supervisor.executor import Ran
 from pgq_supervisor.ipc import (
     CancelJob,
+    ChildSpec,
     Idle,
     JobSlot,
     Ready,
@@ -69,16 +69,17 @@ from pgq_supervisor.ipc import (
 )
 from pgq_supervisor.jobs import Job, JobId, LeaseToken
 from pgq_supervisor.registry import ClaimPolicy, Registry
-from pgq_supervisor.runs import Committed, Lost, Settlement, TimedOut
 from pgq_supervisor.signals import ChildSignals
-from pgq_supervisor.worker import (
+from pgq_supervisor.worker import runs
+from pgq_supervisor.worker.base import (
     REPORT_EVERY,
-    ChildSpec,
     child_parts,
     connect_child,
     rss_mb,
     stop_on_sigterm,
 )
+from pgq_supervisor.worker.executor import Ran
+from pgq_supervisor.worker.runs import Committed, Lost, Settlement, TimedOut
 
 log = logging.getLogger(__name__)
 

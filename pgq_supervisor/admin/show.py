@@ -1,7 +1,6 @@
 """`show ID`: one job in full (payload, result, progress, timestamps, every attempt; a running
-job its worker holds without having started it says so), and how progress reads in a table
-cell. Registered by admin.add_commands; errors as there (an unknown
-id is JobNotFound: one line, exit 1)."""
+job its worker holds without having started it says so). Registered by admin.add_commands;
+errors as there (an unknown id is JobNotFound: one line, exit 1)."""
 
 from __future__ import annotations
 
@@ -11,23 +10,10 @@ import json
 from datetime import datetime
 
 from pgq_supervisor import db
-from pgq_supervisor.admin_workers import NotStarted, not_started
 from pgq_supervisor.connect import open_db
+from pgq_supervisor.display import NotStarted, not_started, progress_cell
 from pgq_supervisor.jobs import JobId, JobRecord, JobState, JsonValue
 from pgq_supervisor.settings import Settings
-
-PROGRESS_WIDTH = 24
-
-
-def progress_cell(value: JsonValue) -> str:
-    """42% for a fraction (alone, or an object's "fraction"), else compact JSON, cut short."""
-    if value is None:
-        return "-"
-    fraction = value.get("fraction") if isinstance(value, dict) else value
-    if isinstance(fraction, int | float) and not isinstance(fraction, bool):
-        return f"{fraction * 100:.0f}%"
-    text = json.dumps(value, separators=(",", ":"))
-    return text if len(text) <= PROGRESS_WIDTH else text[: PROGRESS_WIDTH - 3] + "..."
 
 
 def _plain(value: object) -> JsonValue:

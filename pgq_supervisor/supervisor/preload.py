@@ -1,4 +1,4 @@
-"""What the fork server imports once, before it forks any child (see child.spawn_process).
+"""What the fork server imports once, before it forks any child (see children.spawn_process).
 
     pgq-supervisor ── LISTEN and control connections, timers, children's pipes
     └── pgq-forkserver: a fresh interpreter (exec'd, so it inherits no connection, thread or
@@ -35,9 +35,9 @@ from setproctitle import setproctitle
 
 # the child's code and what it imports; inflight too: every child_main imports it (the
 # many-in-flight loop, with psycopg_pool), whichever worker it then runs
-import pgq_supervisor.inflight
-import pgq_supervisor.worker  # noqa: F401
-from pgq_supervisor.child import PRELOAD_APP_ENV
+import pgq_supervisor.worker.inflight
+import pgq_supervisor.worker.main  # noqa: F401
+from pgq_supervisor.supervisor.children import PRELOAD_APP_ENV
 
 TITLE = "pgq-forkserver"
 

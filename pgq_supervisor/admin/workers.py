@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TypeVar
 
 from pgq_supervisor import db
 from pgq_supervisor.connect import open_db
 from pgq_supervisor.db.rows import SupervisorRecord
-from pgq_supervisor.jobs import JobRecord, JobState, JsonValue
+from pgq_supervisor.display import _count, children_of
+from pgq_supervisor.jobs import JsonValue
 from pgq_supervisor.settings import Settings
 
 Parser = TypeVar("Parser", bound=argparse.ArgumentParser)
@@ -51,16 +50,6 @@ def is_stale(record: SupervisorRecord, heartbeat_interval: float) -> bool:
     return record.seen_ago > 3 * heartbeat_interval
 
 
-def children_of(record: SupervisorRecord) -> list[dict[str, JsonValue]]:
-    """Its children as stored, each a JSON object (anything else is skipped)."""
-    listed = record.children if isinstance(record.children, list) else []
-    return [c for c in listed if isinstance(c, dict)]
-
-
-def _count(value: JsonValue) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-
 def in_hand(child: dict[str, JsonValue]) -> str:
     """A child's jobs as the `workers` command and the dashboard show them."""
     job = f"{child.get('job_type')} {child.get('job_id')}" if child.get("job_id") else "-"
@@ -71,57 +60,6 @@ def in_hand(child: dict[str, JsonValue]) -> str:
     if held > 0:
         job += f" (+{held} claimed, not started)"
     return job
-
-
-@dataclass(frozen=True, slots=True)
-class NotStarted:
-    """A running job its worker held without running it, when its supervisor last wrote."""
-
-    host: str
-    pid: int  # the supervisor's
-    child: int  # the child's index
-    seen_ago: float  # seconds, by the database's clock
-    running: tuple[str, ...]  # the ids of the jobs the child ran then
-
-    def text(self) -> str:
-        now = ", ".join(self.running) or "nothing"
-        return (
-            f"claimed, not started {self.seen_ago:.0f} s ago: child {self.child} of {self.host}"
-            f" pid {self.pid} was running {now} (started_at is the claim's time)"
-        )
-
-    def to_json(self) -> dict[str, JsonValue]:
-        return {
-            "host": self.host,
-            "pid": self.pid,
-            "child": self.child,
-            "seen_ago": round(self.seen_ago, 3),
-            "running": list(self.running),
-        }
-
-
-def not_started(records: Sequence[SupervisorRecord], job: JobRecord) -> NotStarted | None:
-    """Was `job` (running in the database: claimed) held but not started by its child when
-    the child's supervisor last wrote its row? None if not, or if that row cannot tell (the
-    child is not listed, or the row is older than the claim)."""
-    if job.state is not JobState.RUNNING or job.worker_id is None or job.started_at is None:
-        return None
-    for record in records:
-        if record.seen_at < job.started_at:
-            continue  # written before the claim: it knows nothing of this job
-        for c in children_of(record):
-            if c.get("worker_id") != job.worker_id:
-                continue
-            ids = c.get("job_ids")
-            running = [str(i) for i in ids] if isinstance(ids, list) else []
-            if not running and c.get("job_id"):
-                running = [str(c.get("job_id"))]
-            if _count(c.get("held")) == 0 or str(job.id) in running:
-                return None
-            return NotStarted(
-                record.host, record.pid, _count(c.get("index")), record.seen_ago, tuple(running)
-            )
-    return None
 
 
 def record_json(record: SupervisorRecord, heartbeat_interval: float) -> dict[str, JsonValue]:

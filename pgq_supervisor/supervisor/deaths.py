@@ -25,11 +25,11 @@ import random
 from dataclasses import dataclass
 
 from pgq_supervisor import db
-from pgq_supervisor.child import CANCELLED, SHUTDOWN, Child
 from pgq_supervisor.ipc import SlotView
 from pgq_supervisor.jobs import AttemptKind, EndedAttempt, JobId, JobState
-from pgq_supervisor.metrics import Metrics
 from pgq_supervisor.registry import Registry
+from pgq_supervisor.supervisor.children import CANCELLED, SHUTDOWN, Child
+from pgq_supervisor.supervisor.metrics import Metrics
 
 log = logging.getLogger(__name__)
 

@@ -1,203 +1,40 @@
-"""A child worker process: claim, run, settle.
-
-    supervisor ──pipe──▶ child (main thread)              child (pgq-heartbeat thread)
-      Wake / Stop          Worker: claim ◀─ job conn         every heartbeat_interval:
-      ◀── Ready / Idle     Executor: run handler, in order   UPDATE worker_alive_at
-          Report           Completer: write outcomes         for every job held (fenced),
-      ◀── shared slot ──   slot = job in hand, held count    on its own connection; and
-                                                             a batch behind a long job
-                                                             goes back (unstarted.py)
-
-The Worker owns the job connection and the loop: claim a batch (sized from how long recent
-jobs took, and never past max_jobs) → run it in order → settle (jobs not started go back) →
-report; or, when a claim finds nothing, send Idle and block on the pipe. When one job of the
-batch runs past `release_unstarted_after`, the heartbeat thread releases the jobs behind it and
-writes the successes before it, so nothing waits on a slow job but that job.
-
-The Executor runs a handler and says what happened; the Completer writes it, fenced by the
-lease: a failure at once, successes in the statement of the next claim (or a flush when a
-batch runs long), and keeps every held job in the heartbeat until its outcome lands. A database
-error backs off with jitter, reconnects if the connection is gone (waking for a Stop), then
-lets the Completer write or forget its buffer. Pipe EOF (the supervisor is gone) makes the
-child finish the job in hand and exit. SIGINT is ignored (Ctrl-C reaches the supervisor too,
-and it stops the children). SIGTERM is a stop, as Stop is, and the child tells the supervisor it
-leaves (Retiring): the handler only records it and wakes the loop (signals.ChildSignals), the
-job in hand runs to its end.
-"""
+"""The one-at-a-time Worker: claim a batch sized from how long recent jobs took, run it
+in order, settle (jobs not started go back), report; or idle on the pipe until woken.
+See the package docstring."""
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import gc
 import logging
 import os
-import signal
 import socket
-import sys
 import time
-from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Final
 
-from setproctitle import getproctitle, setproctitle
+from setproctitle import setproctitle
 
 from pgq_supervisor import db
 from pgq_supervisor.backoff import Backoff
-from pgq_supervisor.completion import Completer
-from pgq_supervisor.errors import AppLoadError, DatabaseError, ExitCode
-from pgq_supervisor.executor import Executor
-from pgq_supervisor.heartbeat import Heartbeat
-from pgq_supervisor.ipc import BootFailed, Idle, JobSlot, Ready, Report, Retiring, Stop, Wake
+from pgq_supervisor.errors import DatabaseError
+from pgq_supervisor.ipc import ChildSpec, Idle, JobSlot, Ready, Report, Retiring, Stop, Wake
 from pgq_supervisor.jobs import Job
-from pgq_supervisor.logs import setup_logging
-from pgq_supervisor.registry import Registry, load_registry
+from pgq_supervisor.registry import Registry
 from pgq_supervisor.signals import ChildSignals
-from pgq_supervisor.unstarted import Unstarted
+from pgq_supervisor.worker.base import (
+    REPORT_EVERY,
+    child_parts,
+    connect_child,
+    rss_mb,
+    stop_on_sigterm,
+)
+from pgq_supervisor.worker.unstarted import Unstarted
 
 log = logging.getLogger(__name__)
 
 BATCH_BUDGET: Final = 0.05  # seconds of work one claim should take at most
-REPORT_EVERY: Final = 0.25
+
 CHECK_PIPE_EVERY: Final = 0.01
-
-
-@dataclass(frozen=True, slots=True)
-class ChildSpec:
-    """Everything a spawned child needs; plain data, pickled to the new interpreter."""
-
-    index: int
-    worker_id: str
-    app: str
-    dsn: str
-    schema: str
-    types: tuple[str, ...]
-    heartbeat_interval: float
-    claim_batch: int
-    max_jobs: int | None
-    max_memory_mb: int | None
-    log_level: str
-    log_format: str
-    connect_timeout: float = 30.0
-    synchronous_commit: bool = False
-    prepare_threshold: int | None = db.PREPARE_THRESHOLD
-    concurrency: int = 1  # most jobs in flight at once (1: the one-at-a-time Worker below)
-    # claimed jobs not started go back once they have waited this long behind a running job
-    release_unstarted_after: float = 0.25
-
-
-def child_main(spec: ChildSpec, pipe: Connection, slot: JobSlot) -> None:
-    """Entry point of a spawned child. Exits 0 when told to stop, or CHILD_BOOT_FAILURE."""
-    getproctitle()  # first: see cli.main
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signals = ChildSignals(slot)  # before booting: a SIGTERM while it boots is a stop too
-    signals.install()
-    setup_logging(spec.log_level, spec.log_format)
-    setproctitle(f"pgq-worker[{spec.index}] booting")
-    try:
-        registry = load_registry(spec.app)
-    except AppLoadError as exc:
-        pipe.send(BootFailed(str(exc), app_error=True))
-        sys.exit(ExitCode.CHILD_BOOT_FAILURE)
-    try:
-        conn = connect_retrying(
-            spec.dsn,
-            spec.connect_timeout,
-            spec.synchronous_commit,
-            prepare_threshold=spec.prepare_threshold,
-        )
-    except DatabaseError as exc:
-        pipe.send(BootFailed(str(exc), app_error=False))
-        sys.exit(ExitCode.CHILD_BOOT_FAILURE)
-    _trim_heap()
-    from pgq_supervisor.inflight import InFlightWorker, uses_loop  # it builds on this module
-
-    if uses_loop(spec, registry):
-        InFlightWorker(spec, registry, pipe, slot, conn, signals=signals).run()
-    else:
-        Worker(spec, registry, pipe, slot, conn, signals=signals).run()
-    sys.exit(0)
-
-
-def stop_on_sigterm(
-    signals: ChildSignals | None, pipe: Connection, worker_id: str, stopping: bool
-) -> bool:
-    """Empty `signals`; True if a SIGTERM was recorded: the child then stops as if told to, and
-    unless it is stopping already it says so to the supervisor (Retiring: a clean exit, a
-    child replaced at once when the supervisor is not stopping itself)."""
-    if signals is None:
-        return False
-    signals.drain()
-    if not signals.take():
-        return False
-    if not stopping:
-        log.info("worker %s: SIGTERM: finishing the jobs in hand, then leaving", worker_id)
-        with contextlib.suppress(OSError):
-            pipe.send(Retiring("SIGTERM"))
-    return True
-
-
-def _trim_heap() -> None:
-    """Give the memory that booting freed (imports, validation set-up) back to the system, so
-    an idle child costs less; glibc keeps it otherwise."""
-    gc.collect()
-    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to trim
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-
-
-def connect_retrying(
-    dsn: str,
-    timeout: float,
-    synchronous_commit: bool,
-    *,
-    prepare_threshold: int | None = db.PREPARE_THRESHOLD,
-) -> db.Conn:
-    """Connect, retrying with a jittered backoff for up to `timeout` seconds."""
-    backoff = Backoff(initial=0.1, maximum=2.0)
-    return backoff.retry(
-        lambda: db.connect(
-            dsn,
-            application_name="pgq-worker",
-            synchronous_commit=synchronous_commit,
-            prepare_threshold=prepare_threshold,
-        ),
-        retry_on=DatabaseError,
-        deadline=backoff.clock() + timeout,
-    )
-
-
-def rss_mb() -> float:
-    with open("/proc/self/statm", "rb") as f:
-        pages = int(f.read().split()[1])
-    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
-def connect_child(spec: ChildSpec, application_name: str) -> db.Conn:
-    """A connection of the child (its job connection, its heartbeat's) as the spec says."""
-    return db.connect(
-        spec.dsn,
-        application_name=application_name,
-        synchronous_commit=spec.synchronous_commit,
-        prepare_threshold=spec.prepare_threshold,
-    )
-
-
-def child_parts(spec: ChildSpec, registry: Registry) -> tuple[Heartbeat, Executor, Completer]:
-    """What every child runs jobs with, whichever worker it is: the heartbeat (on its own
-    connection), the executor and the completer."""
-    heartbeat = Heartbeat(
-        lambda: connect_child(spec, "pgq-heartbeat"),
-        spec.schema,
-        spec.heartbeat_interval,
-        spec.worker_id,
-    )
-    # the heartbeat thread writes progress too: on its own connection, never inside a
-    # `conn` handler's transaction
-    executor = Executor(registry, spec.worker_id, progress=heartbeat.progress)
-    completer = Completer(
-        spec.schema, spec.worker_id, heartbeat=heartbeat, flush_every=REPORT_EVERY
-    )
-    return heartbeat, executor, completer
 
 
 class Worker:

@@ -34,15 +34,15 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from pgq_supervisor import db
-from pgq_supervisor.activity import ActivitySummary
 from pgq_supervisor.backoff import Backoff
 from pgq_supervisor.errors import DatabaseError, DatabaseUnavailable
-from pgq_supervisor.metrics import Metrics, QueueMetrics
 from pgq_supervisor.periodic import Schedule
-from pgq_supervisor.rescuer import Rescuer
-from pgq_supervisor.retention import PRUNE_EVERY, Pruner
-from pgq_supervisor.scheduler import Scheduler
 from pgq_supervisor.settings import Settings
+from pgq_supervisor.supervisor.maintenance.activity import ActivitySummary
+from pgq_supervisor.supervisor.maintenance.rescuer import Rescuer
+from pgq_supervisor.supervisor.maintenance.retention import PRUNE_EVERY, Pruner
+from pgq_supervisor.supervisor.maintenance.scheduler import Scheduler
+from pgq_supervisor.supervisor.metrics import Metrics, QueueMetrics
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The `pause TYPE` and `resume TYPE` commands, and the paused types that `status` shows.
 
 Both are idempotent: pausing a paused type or resuming a type that is not paused changes
-nothing, says so, and exits 0. An invalid type name exits 2 (argparse, through admin.py).
+nothing, says so, and exits 0. An invalid type name exits 2 (argparse, through admin/__init__.py).
 """
 
 from __future__ import annotations

@@ -31,10 +31,10 @@ from typing import NamedTuple, assert_never
 
 from pgq_supervisor import db
 from pgq_supervisor.errors import DatabaseError, LeaseLost
-from pgq_supervisor.executor import Executor, Failure, FailureKind, Ran
-from pgq_supervisor.heartbeat import Heartbeat
 from pgq_supervisor.jobs import AttemptKind, Job, JobId, JobState, LeaseToken, OutcomeKind
 from pgq_supervisor.registry import ClaimPolicy
+from pgq_supervisor.worker.executor import Executor, Failure, FailureKind, Ran
+from pgq_supervisor.worker.heartbeat import Heartbeat
 
 log = logging.getLogger(__name__)
 

@@ -23,8 +23,8 @@ import pydantic
 from pgq_supervisor import db, tracing
 from pgq_supervisor.errors import InvalidInput, PermanentError
 from pgq_supervisor.jobs import AttemptKind, Job, JsonValue
-from pgq_supervisor.progress import ProgressSink, reporting
 from pgq_supervisor.registry import Handler, Registry
+from pgq_supervisor.worker.progress import ProgressSink, reporting
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TypeVar
 
-from pgq_supervisor import admin_schedules, admin_schema, admin_workers, db
-from pgq_supervisor.admin_control import (
+from pgq_supervisor import db
+from pgq_supervisor.admin import schedules as admin_schedules
+from pgq_supervisor.admin import schema as admin_schema
+from pgq_supervisor.admin import workers as admin_workers
+from pgq_supervisor.admin.control import (
     cmd_pause,
     cmd_resume,
     limits_json,
@@ -26,8 +29,9 @@ from pgq_supervisor.admin_control import (
     paused_json,
     paused_lines,
 )
-from pgq_supervisor.admin_show import cmd_show, progress_cell
+from pgq_supervisor.admin.show import cmd_show
 from pgq_supervisor.connect import open_db
+from pgq_supervisor.display import progress_cell
 from pgq_supervisor.errors import InvalidInput, InvalidTransition
 from pgq_supervisor.jobs import (
     JobId,

@@ -6,11 +6,11 @@
     ├── listener: LISTEN pgq_job_available ── one notification wakes one idle child
     │             LISTEN pgq_job_cancel ── stop the child holding a cancelled job (cancels.py)
     ├── control connection: settle dead children's jobs; the timers' database work
-    ├── timers (maintenance.py): poll wake · due jobs · rate windows · rescue · queue metrics
+    ├── timers (maintenance/):   poll wake · due jobs · rate windows · rescue · queue metrics
     │                            · prune · summary · cancel check (the poll behind
     │                            pgq_job_cancel) · register (this supervisor's row in the
     │                            supervisor table, for the dashboard and `workers`)
-    ├── pgq-worker[0] ─ job connection + heartbeat thread (see worker.py)
+    ├── pgq-worker[0] ─ job connection + heartbeat thread (see worker/)
     ├── pgq-worker[1]
     └── ...
 
@@ -47,20 +47,7 @@ from typing import assert_never
 
 from setproctitle import setproctitle
 
-from pgq_supervisor import cancels, db
-from pgq_supervisor.child import (
-    CANCELLED,
-    SHUTDOWN,
-    Child,
-    ChildState,
-    Fatal,
-    Respawns,
-    Spawner,
-    child_spec,
-    describe_exit,
-    spawn_process,
-)
-from pgq_supervisor.deaths import Deaths, shared_death
+from pgq_supervisor import db
 from pgq_supervisor.errors import DatabaseError, ExitCode
 from pgq_supervisor.ipc import (
     BootFailed,
@@ -73,18 +60,32 @@ from pgq_supervisor.ipc import (
     Wake,
 )
 from pgq_supervisor.jobs import JobId, JsonValue
-from pgq_supervisor.listener import AVAILABLE, CANCEL, Listener
-from pgq_supervisor.maintenance import (
+from pgq_supervisor.registry import Registry
+from pgq_supervisor.settings import Settings
+from pgq_supervisor.signals import RecordedSignals
+from pgq_supervisor.supervisor import cancels
+from pgq_supervisor.supervisor.children import (
+    CANCELLED,
+    SHUTDOWN,
+    Child,
+    ChildState,
+    Fatal,
+    Respawns,
+    Spawner,
+    child_spec,
+    describe_exit,
+    spawn_process,
+)
+from pgq_supervisor.supervisor.deaths import Deaths, shared_death
+from pgq_supervisor.supervisor.listener import AVAILABLE, CANCEL, Listener
+from pgq_supervisor.supervisor.maintenance import (
     RATE_DUE,
     ControlConnection,
     Services,
     Timer,
     maintenance_timers,
 )
-from pgq_supervisor.metrics import Metrics
-from pgq_supervisor.registry import Registry
-from pgq_supervisor.settings import Settings
-from pgq_supervisor.signals import RecordedSignals
+from pgq_supervisor.supervisor.metrics import Metrics
 
 log = logging.getLogger(__name__)
 

@@ -24,10 +24,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from pgq_supervisor import db
-from pgq_supervisor.child import Child, ChildState
 from pgq_supervisor.ipc import SlotView
 from pgq_supervisor.jobs import JobId
-from pgq_supervisor.maintenance import ControlConnection
+from pgq_supervisor.supervisor.children import Child, ChildState
+from pgq_supervisor.supervisor.maintenance import ControlConnection
 
 log = logging.getLogger(__name__)
 

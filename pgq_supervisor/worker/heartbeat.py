@@ -29,8 +29,8 @@ from pgq_supervisor import db
 from pgq_supervisor.backoff import Backoff
 from pgq_supervisor.errors import DatabaseError
 from pgq_supervisor.jobs import Job, JobId, LeaseToken
-from pgq_supervisor.progress import ProgressBuffer, write_due
-from pgq_supervisor.unstarted import Unstarted
+from pgq_supervisor.worker.progress import ProgressBuffer, write_due
+from pgq_supervisor.worker.unstarted import Unstarted
 
 log = logging.getLogger(__name__)
 

@@ -17,6 +17,7 @@ from pgq_supervisor.errors import ExitCode
 from pgq_supervisor.ipc import (
     BootFailed,
     CancelJob,
+    ChildSpec,
     FromChild,
     JobSlot,
     SlotView,
@@ -26,7 +27,7 @@ from pgq_supervisor.ipc import (
 )
 from pgq_supervisor.jobs import JobId, JsonValue
 from pgq_supervisor.settings import Settings
-from pgq_supervisor.worker import ChildSpec, child_main
+from pgq_supervisor.worker.main import child_main
 
 RESPAWN_MAX = 10.0  # the longest respawn delay of a crash loop
 STABLE_AFTER = 10.0  # a child that lived longer than this before dying ends a crash loop
@@ -52,10 +53,11 @@ class Process(Protocol):
 Spawner = Callable[[ChildSpec, JobSlot], tuple[Process, Connection]]
 
 
-# Children are forked by multiprocessing's fork server, which imports pgq_supervisor.preload
-# (and through it psycopg, pydantic, the child's code and the app) once: see preload.py.
+# Children are forked by multiprocessing's fork server, which imports
+# pgq_supervisor.supervisor.preload (and through it psycopg, pydantic, the child's code and the app)
+# once: see preload.py.
 _FORKSERVER = multiprocessing.get_context("forkserver")
-PRELOAD = ["pgq_supervisor.preload"]
+PRELOAD = ["pgq_supervisor.supervisor.preload"]
 # The app the fork server preloads ("package.module:registry"): read from its environment,
 # which is ours when it starts.
 PRELOAD_APP_ENV = "_PGQ_PRELOAD_APP"  # no PGQ_ prefix: not a setting

@@ -19,8 +19,8 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from pgq_supervisor import db
 from pgq_supervisor.errors import LeaseLost
-from pgq_supervisor.executor import Executor, Ran
 from pgq_supervisor.jobs import Job
+from pgq_supervisor.worker.executor import Executor, Ran
 
 # handlers' pooled connections: their transaction is explicit, their commit durable
 POOL_KWARGS: Final[dict[str, Any]] = {"autocommit": True, "application_name": "pgq-handler"}

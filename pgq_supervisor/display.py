@@ -1,0 +1,85 @@
+"""What the admin CLI (admin/) and the dashboard (web/) both show, in the same words: a
+progress value as a table cell, a supervisor's children as stored."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pgq_supervisor.db.rows import SupervisorRecord
+from pgq_supervisor.jobs import JobRecord, JobState, JsonValue
+
+PROGRESS_WIDTH = 24
+
+
+def progress_cell(value: JsonValue) -> str:
+    """42% for a fraction (alone, or an object's "fraction"), else compact JSON, cut short."""
+    if value is None:
+        return "-"
+    fraction = value.get("fraction") if isinstance(value, dict) else value
+    if isinstance(fraction, int | float) and not isinstance(fraction, bool):
+        return f"{fraction * 100:.0f}%"
+    text = json.dumps(value, separators=(",", ":"))
+    return text if len(text) <= PROGRESS_WIDTH else text[: PROGRESS_WIDTH - 3] + "..."
+
+
+def children_of(record: SupervisorRecord) -> list[dict[str, JsonValue]]:
+    """Its children as stored, each a JSON object (anything else is skipped)."""
+    listed = record.children if isinstance(record.children, list) else []
+    return [c for c in listed if isinstance(c, dict)]
+
+
+def _count(value: JsonValue) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+@dataclass(frozen=True, slots=True)
+class NotStarted:
+    """A running job its worker held without running it, when its supervisor last wrote."""
+
+    host: str
+    pid: int  # the supervisor's
+    child: int  # the child's index
+    seen_ago: float  # seconds, by the database's clock
+    running: tuple[str, ...]  # the ids of the jobs the child ran then
+
+    def text(self) -> str:
+        now = ", ".join(self.running) or "nothing"
+        return (
+            f"claimed, not started {self.seen_ago:.0f} s ago: child {self.child} of {self.host}"
+            f" pid {self.pid} was running {now} (started_at is the claim's time)"
+        )
+
+    def to_json(self) -> dict[str, JsonValue]:
+        return {
+            "host": self.host,
+            "pid": self.pid,
+            "child": self.child,
+            "seen_ago": round(self.seen_ago, 3),
+            "running": list(self.running),
+        }
+
+
+def not_started(records: Sequence[SupervisorRecord], job: JobRecord) -> NotStarted | None:
+    """Was `job` (running in the database: claimed) held but not started by its child when
+    the child's supervisor last wrote its row? None if not, or if that row cannot tell (the
+    child is not listed, or the row is older than the claim)."""
+    if job.state is not JobState.RUNNING or job.worker_id is None or job.started_at is None:
+        return None
+    for record in records:
+        if record.seen_at < job.started_at:
+            continue  # written before the claim: it knows nothing of this job
+        for c in children_of(record):
+            if c.get("worker_id") != job.worker_id:
+                continue
+            ids = c.get("job_ids")
+            running = [str(i) for i in ids] if isinstance(ids, list) else []
+            if not running and c.get("job_id"):
+                running = [str(c.get("job_id"))]
+            if _count(c.get("held")) == 0 or str(job.id) in running:
+                return None
+            return NotStarted(
+                record.host, record.pid, _count(c.get("index")), record.seen_ago, tuple(running)
+            )
+    return None

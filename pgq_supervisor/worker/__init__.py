@@ -1,0 +1,30 @@
+"""A child worker process: claim, run, settle.
+
+    supervisor ──pipe──▶ child (main thread)              child (pgq-heartbeat thread)
+      Wake / Stop          Worker: claim ◀─ job conn         every heartbeat_interval:
+      ◀── Ready / Idle     Executor: run handler, in order   UPDATE worker_alive_at
+          Report           Completer: write outcomes         for every job held (fenced),
+      ◀── shared slot ──   slot = job in hand, held count    on its own connection; and
+                                                             a batch behind a long job
+                                                             goes back (unstarted.py)
+
+The Worker owns the job connection and the loop: claim a batch (sized from how long recent
+jobs took, and never past max_jobs) → run it in order → settle (jobs not started go back) →
+report; or, when a claim finds nothing, send Idle and block on the pipe. When one job of the
+batch runs past `release_unstarted_after`, the heartbeat thread releases the jobs behind it and
+writes the successes before it, so nothing waits on a slow job but that job.
+
+The Executor runs a handler and says what happened; the Completer writes it, fenced by the
+lease: a failure at once, successes in the statement of the next claim (or a flush when a
+batch runs long), and keeps every held job in the heartbeat until its outcome lands. A database
+error backs off with jitter, reconnects if the connection is gone (waking for a Stop), then
+lets the Completer write or forget its buffer. Pipe EOF (the supervisor is gone) makes the
+child finish the job in hand and exit. SIGINT is ignored (Ctrl-C reaches the supervisor too,
+and it stops the children). SIGTERM is a stop, as Stop is, and the child tells the supervisor it
+leaves (Retiring): the handler only records it and wakes the loop (signals.ChildSignals), the
+job in hand runs to its end.
+
+Modules: main.py (child_main: boot, then one of the two workers), sync.py (Worker, one job at a
+time), inflight.py (InFlightWorker, many jobs in flight), base.py (what both run jobs with),
+executor.py, completion.py, heartbeat.py, runs.py, progress.py. ChildSpec is in ipc.py.
+"""
