@@ -17,7 +17,7 @@ import ctypes
 import functools
 import struct
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from multiprocessing.sharedctypes import RawArray
 from typing import TYPE_CHECKING
@@ -53,7 +53,7 @@ class CancelJob:
 @dataclass(frozen=True, slots=True)
 class RunAlone:
     """Jobs released from a death of a child that held several: whichever child claims one
-    runs it with nothing else in flight (see deaths.py). The ids travel as 16 bytes each, so
+    runs it with nothing else in flight (see verdicts.py). The ids travel as 16 bytes each, so
     a thousand fit well inside a pipe's buffer (a child still booting is not reading yet)."""
 
     packed: bytes
@@ -65,6 +65,44 @@ class RunAlone:
     def job_ids(self) -> list[JobId]:
         p = self.packed
         return [JobId(uuid.UUID(bytes=p[i : i + 16])) for i in range(0, len(p), 16)]
+
+
+RUN_ALONE_KEEP = 10_000  # the most jobs a RunAloneSet remembers
+
+
+class RunAloneSet:
+    """The jobs known to have to run alone, in the order they were named: the supervisor's
+    (what it tells a child it spawns) and each in-flight child's (what its claims obey). A
+    job named once is remembered until it has run alone (`discard`) or, past `keep`, the
+    oldest are forgotten: such a job may then run beside others once more, and its next shared
+    death names it again."""
+
+    def __init__(self, keep: int = RUN_ALONE_KEEP) -> None:
+        self.keep = keep
+        self._ids: dict[JobId, None] = {}  # ordered: the oldest first
+
+    def add(self, ids: Iterable[JobId]) -> None:
+        for job_id in ids:
+            self._ids.pop(job_id, None)  # named again: the newest
+            self._ids[job_id] = None
+        while len(self._ids) > self.keep:
+            del self._ids[next(iter(self._ids))]
+
+    def discard(self, job_id: JobId) -> None:
+        self._ids.pop(job_id, None)
+
+    def latest(self, n: int) -> list[JobId]:
+        """The `n` named last, oldest first."""
+        return list(self._ids)[-n:] if n > 0 else []
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self._ids
+
+    def __iter__(self) -> Iterator[JobId]:
+        return iter(self._ids)
+
+    def __len__(self) -> int:
+        return len(self._ids)
 
 
 # ---- child -> supervisor ----

@@ -57,15 +57,15 @@ from pgq_supervisor.ipc import (
     Report,
     Retiring,
     RunAlone,
+    RunAloneSet,
     Wake,
 )
 from pgq_supervisor.jobs import JobId, JsonValue
 from pgq_supervisor.registry import Registry
 from pgq_supervisor.settings import Settings
 from pgq_supervisor.signals import RecordedSignals
-from pgq_supervisor.supervisor import cancels
+from pgq_supervisor.supervisor import cancels, deaths
 from pgq_supervisor.supervisor.children import (
-    CANCELLED,
     SHUTDOWN,
     Child,
     ChildState,
@@ -73,10 +73,8 @@ from pgq_supervisor.supervisor.children import (
     Respawns,
     Spawner,
     child_spec,
-    describe_exit,
     spawn_process,
 )
-from pgq_supervisor.supervisor.deaths import Deaths, shared_death
 from pgq_supervisor.supervisor.listener import AVAILABLE, CANCEL, Listener
 from pgq_supervisor.supervisor.maintenance import (
     RATE_DUE,
@@ -86,12 +84,12 @@ from pgq_supervisor.supervisor.maintenance import (
     maintenance_timers,
 )
 from pgq_supervisor.supervisor.metrics import Metrics
+from pgq_supervisor.supervisor.verdicts import DeadChild, Verdict, judge
 
 log = logging.getLogger(__name__)
 
 TICK = 0.1  # the longest wait: timeouts and respawns are judged at least this often
 IN_FLIGHT_EVERY = 1.0  # how often the in-flight gauge reads the children's slots
-RUN_ALONE_KEEP = 10_000  # the most jobs remembered as having to run alone (deaths.py)
 RUN_ALONE_AT_SPAWN = 1_000  # the latest of them a new child is told before its first claim
 KILL_GRACE = 2.0  # SIGTERM to SIGKILL
 
@@ -169,7 +167,6 @@ class Supervisor:
         self.control = ControlConnection(
             dsn, clock=clock, rng=self.rng, prepare_threshold=settings.prepare_threshold
         )
-        self.deaths = Deaths(self.schema, registry, self.metrics, self.rng)
         now = clock()
         self.services = services or Services.from_settings(
             settings, self.metrics, now, registry.schedules_for(self.types)
@@ -189,8 +186,9 @@ class Supervisor:
         self.sel = selectors.DefaultSelector()
         self.last_loop = now
         self.in_flight_at = now
-        # jobs released from a death of a child that held several: they run alone (deaths.py)
-        self.run_alone: dict[JobId, None] = {}
+        # jobs released from a death of a child that held several: each child that may run
+        # several at once is told (RunAlone), and so is every child spawned later
+        self.run_alone = RunAloneSet()
         self.host = socket.gethostname()
         # the row the Workers page and `workers` read (schema/0010): upserted every
         # heartbeat_interval, deleted on a clean exit
@@ -405,7 +403,7 @@ class Supervisor:
         self.sel.register(proc.sentinel, selectors.EVENT_READ, ExitSource(child))
         if self.run_alone and spec.concurrency > 1:
             # in the pipe before the child's first claim (16 KB at most: the buffer holds it)
-            child.send(RunAlone.of(list(self.run_alone)[-RUN_ALONE_AT_SPAWN:]))
+            child.send(RunAlone.of(self.run_alone.latest(RUN_ALONE_AT_SPAWN)))
         self.metrics.children.set(len(self.children))
 
     def _enforce(self, now: float) -> None:
@@ -439,47 +437,43 @@ class Supervisor:
 
     def _reap(self, child: Child) -> None:
         child.proc.join(timeout=1.0)
-        self._on_messages(child)  # a last Report or BootFailed may still be in the pipe
+        self._on_messages(child)  # a last Report, Retiring or BootFailed may be in the pipe
         self.sel.unregister(child.pipe)
         self.sel.unregister(child.proc.sentinel)
         child.pipe.close()
         del self.children[child.spec.index]
         self.metrics.children.set(len(self.children))
-        how = describe_exit(child.proc.exitcode)
         now = self.clock()
-        if child.boot_failure is not None:
-            self.fatal = self.respawns.boot_failed(child.boot_failure)
+        dead = DeadChild.of(child, stopping=self.stopping, wanted=child.spec.index < self.target)
+        verdict = judge(dead, self.registry, self.rng)
+        if verdict.boot_failure is not None:
+            self.fatal = self.respawns.boot_failed(verdict.boot_failure)
             if self.fatal is not None:
                 self._begin_shutdown("fatal")
-        self._run_alone(shared_death(child))  # told before the release makes them claimable
-        self._settle_jobs(child, how)
-        clean = child.proc.exitcode == ExitCode.OK and child.leaving
-        # stopped for a cancel: asked for, so no crash (no respawn backoff, no warning)
-        cancelled = child.kill_reason == CANCELLED
-        if clean:
-            log.info("child %d (pid %s) stopped: %s", child.spec.index, child.pid, how)
-        elif not cancelled:
-            log.warning("child %d (pid %s) died: %s", child.spec.index, child.pid, how)
-        if not self.stopping and child.spec.index < self.target:
+        for line in verdict.logs:
+            log.log(line.level, "%s", line.message)
+        self._run_alone(verdict.run_alone)  # told before the release makes them claimable
+        self._settle_jobs(child, verdict)
+        if verdict.respawn:
             lived = now - child.started_at
-            self.respawns.after_exit(child.spec.index, lived, clean or cancelled, now)
+            self.respawns.after_exit(child.spec.index, lived, not verdict.crash, now)
             self.metrics.restarts.inc()
 
     def _run_alone(self, ids: tuple[JobId, ...]) -> None:
         """Tell the children that may run several jobs at once to run these alone."""
         if not ids:
             return
-        for job_id in ids:
-            self.run_alone[job_id] = None
-        while len(self.run_alone) > RUN_ALONE_KEEP:
-            del self.run_alone[next(iter(self.run_alone))]
+        self.run_alone.add(ids)
         for other in self.children.values():
             if other.spec.concurrency > 1 and not other.leaving:
                 other.send(RunAlone.of(ids))
 
-    def _settle_jobs(self, child: Child, how: str) -> None:
+    def _settle_jobs(self, child: Child, verdict: Verdict) -> None:
         try:
-            self.control.run(lambda conn: self.deaths.settle(conn, child, how))
+            worker_id = child.worker_id
+            self.control.run(
+                lambda conn: deaths.settle(conn, self.schema, worker_id, verdict, self.metrics)
+            )
         except DatabaseError as exc:
             # the heartbeat stopped with the child: the rescuer will reclaim its jobs
             log.warning("could not settle jobs of dead child %d: %s", child.spec.index, exc)
@@ -518,7 +512,8 @@ class Supervisor:
         for child in list(self.children.values()):
             child.kill(SHUTDOWN)  # our own exit: not the job's fault
             child.proc.join(timeout=5)
-            self._settle_jobs(child, "killed at exit")
+            dead = DeadChild.of(child, stopping=True, wanted=False)
+            self._settle_jobs(child, judge(dead, self.registry, self.rng))
         self._unregister()
         self.listener.close()
         self.control.close()

@@ -25,7 +25,7 @@ slot gives the supervisor ASYNC_GRACE more before it kills the child (a handler 
 the cancellation). A job in a thread cannot be cancelled: its slot entry has no grace, and the
 supervisor kills the child at the timeout (the other jobs go back without an attempt).
 
-Jobs named by RunAlone (released from the death of a child that held several, deaths.py) run
+Jobs named by RunAlone (released from the death of a child that held several, verdicts.py) run
 with nothing else in flight: the child stops starting and claiming until its jobs in flight are
 done, then runs that job by itself.
 
@@ -64,6 +64,7 @@ from pgq_supervisor.ipc import (
     Report,
     Retiring,
     RunAlone,
+    RunAloneSet,
     Stop,
     Wake,
 )
@@ -85,7 +86,6 @@ log = logging.getLogger(__name__)
 
 CLAIM_EVERY: Final = 0.01  # with any slot free, claim at least this often
 ASYNC_GRACE: Final = 2.0  # a cancelled async job must end within this, or the child is killed
-RUN_ALONE_KEEP: Final = 10_000  # the most RunAlone ids a child remembers
 
 
 @dataclass(slots=True)
@@ -141,7 +141,7 @@ class InFlightWorker:
         self.started = 0  # jobs started: with max_jobs, claims stop at the jobs left to start
         self.done: list[tuple[InFlight, Settlement | None]] = []  # None: cancelled
         self.free_entries = list(range(self.capacity - 1, -1, -1))
-        self.run_alone: dict[JobId, None] = {}  # ordered: the oldest are forgotten first
+        self.run_alone = RunAloneSet()  # named by RunAlone: the oldest are forgotten first
         self.alone: JobId | None = None  # the job running alone now
         self.threads: ThreadPoolExecutor | None = None
         self.apool: AsyncConnectionPool | None = None
@@ -441,7 +441,7 @@ class InFlightWorker:
         self.free_entries.append(flight.entry)
         if self.alone == job.id:
             self.alone = None
-            self.run_alone.pop(job.id, None)
+            self.run_alone.discard(job.id)
         if fut.cancelled():
             self.done.append((flight, None))
         else:
@@ -540,10 +540,7 @@ class InFlightWorker:
             if flight is not None and isinstance(flight.task, asyncio.Task):
                 flight.task.cancel()
         elif isinstance(msg, RunAlone):
-            for job_id in msg.job_ids():
-                self.run_alone[job_id] = None
-            while len(self.run_alone) > RUN_ALONE_KEEP:
-                del self.run_alone[next(iter(self.run_alone))]
+            self.run_alone.add(msg.job_ids())
 
     # ---- reporting and leaving ----
 

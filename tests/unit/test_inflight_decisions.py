@@ -4,6 +4,7 @@ rule. Fake children and a fake clock; no database (settling a death fails and is
 
 from __future__ import annotations
 
+import random
 import signal
 import uuid
 
@@ -12,9 +13,9 @@ from pgq_supervisor.jobs import JobId
 from pgq_supervisor.registry import Registry
 from pgq_supervisor.settings import load_settings
 from pgq_supervisor.supervisor import cancels
-from pgq_supervisor.supervisor.children import CANCELLED
-from pgq_supervisor.supervisor.deaths import shared_death
+from pgq_supervisor.supervisor.children import CANCELLED, Child
 from pgq_supervisor.supervisor.loop import Supervisor
+from pgq_supervisor.supervisor.verdicts import DeadChild, judge
 from tests.fake_children import NO_DATABASE, FakeClock, FakeSpawner, make_supervisor
 
 
@@ -33,6 +34,12 @@ def _supervisor(spawner: FakeSpawner, clock: FakeClock, procs: int = 2) -> Super
 
 def _job() -> JobId:
     return JobId(uuid.uuid4())
+
+
+def shared_death(child: Child) -> tuple[JobId, ...]:
+    """The jobs the verdict on `child`'s death (were it to die now) sends to run alone."""
+    dead = DeadChild.of(child, stopping=False, wanted=True)
+    return judge(dead, Registry(), random.Random(1)).run_alone
 
 
 def test_each_child_gets_a_slot_entry_per_job_it_may_hold() -> None:
