@@ -9,10 +9,11 @@ What is left is freeing the child. Two paths mark a child's job as cancelled:
 - a poll on the control connection asks which of the jobs in the children's slots are
   cancelled, so a lost notification still stops the child within a poll interval.
 
-The loop then stops a marked child when the marked job is the one in its slot (`due`): a job
-claimed but not started is stopped when it starts. A sync handler cannot be interrupted inside
-its process, so the child is killed and respawned (Child.stop_cancelled); an async job of a
-child with many in flight is instead cancelled by the child, told so (CancelJob).
+The loop then stops a marked child when the marked job is in its slot
+(Child.cancelled_in_hand): a job claimed but not started is stopped when it starts. A sync
+handler cannot be interrupted inside its process, so the child is killed and respawned
+(Child.stop_cancelled); an async job of a child with many in flight is instead cancelled by
+the child, told so (CancelJob).
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from pgq_supervisor import db
-from pgq_supervisor.ipc import SlotView
 from pgq_supervisor.jobs import JobId
 from pgq_supervisor.supervisor.children import Child, ChildState
 from pgq_supervisor.supervisor.maintenance import ControlConnection
@@ -94,13 +94,3 @@ def mark_found(held: dict[JobId, Child], cancelled: Iterable[JobId]) -> None:
         if child is not None and job_id not in child.cancelled:
             log.info("job id=%s was cancelled (found by the poll)", job_id)
             child.cancelled.add(job_id)
-
-
-def due(child: Child) -> SlotView | None:
-    """A job in the child's hands that was cancelled: it must be stopped now."""
-    if not child.cancelled or not _stoppable(child):
-        return None
-    for view in child.current_jobs():
-        if view.job_id in child.cancelled:
-            return view
-    return None

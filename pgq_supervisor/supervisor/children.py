@@ -4,10 +4,11 @@ exit decoding."""
 from __future__ import annotations
 
 import enum
+import logging
 import multiprocessing
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -20,6 +21,11 @@ from pgq_supervisor.ipc import (
     ChildSpec,
     FromChild,
     JobSlot,
+    Ready,
+    Report,
+    Retiring,
+    RunAlone,
+    RunAloneSet,
     SlotView,
     Stop,
     ToChild,
@@ -29,9 +35,13 @@ from pgq_supervisor.jobs import JobId, JsonValue
 from pgq_supervisor.settings import Settings
 from pgq_supervisor.worker.main import child_main
 
+log = logging.getLogger(__name__)
+
 RESPAWN_MAX = 10.0  # the longest respawn delay of a crash loop
 STABLE_AFTER = 10.0  # a child that lived longer than this before dying ends a crash loop
 MAX_BOOT_FAILURES = 3  # children in a row that fail before their first claim: give up
+KILL_GRACE = 2.0  # SIGTERM to SIGKILL
+RUN_ALONE_AT_SPAWN = 1_000  # the latest jobs to run alone a new child is told of (verdicts.py)
 
 
 class Process(Protocol):
@@ -265,6 +275,30 @@ class Child:
             return
         self.terminate(now, CANCELLED, job.job_id)
 
+    def enforce(self, now: float, at_deadline: bool) -> None:
+        """Kill what outlived its time (the loop asks each turn): at the shutdown deadline,
+        SIGKILL; a job cancelled or past its timeout, SIGTERM; SIGTERM ignored for KILL_GRACE,
+        SIGKILL."""
+        if self.state is ChildState.KILLED:
+            return
+        if at_deadline:
+            log.warning("child %d still busy at shutdown_timeout: killing it", self.spec.index)
+            self.kill(SHUTDOWN)
+        elif self.state is ChildState.TERMINATING:
+            if self.term_sent_at is not None and now - self.term_sent_at > KILL_GRACE:
+                self.kill()
+        elif (job := self.cancelled_in_hand()) is not None:
+            log.info("job id=%s was cancelled: stopping child %d", job.job_id, self.spec.index)
+            self.stop_cancelled(now, job)
+        elif (job := self.overdue_job(now)) is not None:
+            log.warning(
+                "job id=%s outran its timeout of %g s: killing child %d",
+                job.job_id,
+                job.timeout,
+                self.spec.index,
+            )
+            self.terminate(now, f"timeout after {job.timeout:g} s", job.job_id)
+
     def kill(self, reason: str | None = None) -> None:
         """SIGKILL. `reason` replaces the attempt's error (SHUTDOWN: the job is released)."""
         if reason is not None:
@@ -279,13 +313,23 @@ class Child:
         except OSError:
             return False  # it is exiting; its sentinel will tell us
 
-    def recv_all(self) -> list[FromChild]:
+    def receive(self) -> list[FromChild]:
+        """The messages in the pipe, once what they say of this child is applied to it."""
         out: list[FromChild] = []
         try:
             while self.pipe.poll(0):
                 out.append(self.pipe.recv())
         except (EOFError, OSError):
             pass
+        for msg in out:
+            if isinstance(msg, Report):
+                self.jobs_done += len(msg.outcomes)
+            elif isinstance(msg, Ready):
+                self.on_ready()
+            elif isinstance(msg, Retiring):
+                self.on_retiring()
+            elif isinstance(msg, BootFailed):
+                self.boot_failure = msg
         return out
 
     def describe(self) -> dict[str, JsonValue]:
@@ -308,6 +352,13 @@ class Child:
             described["job_ids"] = [str(v.job_id) for v in jobs]
         return described
 
+    def cancelled_in_hand(self) -> SlotView | None:
+        """A job in hand that was cancelled (cancels.py marked it): it must be stopped now.
+        None for a child already being killed."""
+        if not self.cancelled or self.state in (ChildState.TERMINATING, ChildState.KILLED):
+            return None
+        return next((v for v in self.current_jobs() if v.job_id in self.cancelled), None)
+
     def current_job(self) -> SlotView | None:
         return self.slot.read()
 
@@ -328,3 +379,32 @@ class Child:
             if job.timeout is not None and now - job.started > job.timeout + job.grace:
                 return job
         return None
+
+
+def start_child(spec: ChildSpec, spawner: Spawner, now: float, run_alone: RunAloneSet) -> Child:
+    """Spawn a child for `spec`, with a slot entry per job it may hold. One that may hold
+    several is told the latest jobs that must run alone: in the pipe before its first claim
+    (16 KB at most, which the pipe's buffer holds while it boots)."""
+    slot = JobSlot(spec.types, capacity=spec.concurrency)
+    proc, pipe = spawner(spec, slot)
+    child = Child(spec=spec, proc=proc, pipe=pipe, slot=slot, started_at=now)
+    if run_alone and spec.concurrency > 1:
+        child.send(RunAlone.of(run_alone.latest(RUN_ALONE_AT_SPAWN)))
+    return child
+
+
+def wake_idle(children: Iterable[Child], n: int, sent_at: float) -> int:
+    """Wake up to `n` idle children; returns how many wake-ups found none to deliver to."""
+    for child in children:
+        if n <= 0:
+            break
+        if child.wake(sent_at):
+            n -= 1
+    return n
+
+
+def tell_run_alone(children: Iterable[Child], ids: Sequence[JobId]) -> None:
+    """Tell the children that may run several jobs at once to run these alone."""
+    for child in children:
+        if child.spec.concurrency > 1 and not child.leaving:
+            child.send(RunAlone.of(ids))

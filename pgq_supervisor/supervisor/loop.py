@@ -16,15 +16,11 @@
 
 One turn of the loop (`run_once`): wait on the selector → dispatch each ready source → handle
 the recorded signals → enforce timeouts and kills → top up the children → run the timers that
-are due. Signal handlers only record the signal. On a child's exit the loop fails the job it
-was running as a worker death (its shared slot says which job, and its type, so the retry
-backoff needs no query), releases the jobs it had claimed but not started, and respawns it
-with backoff. A child whose job outruns its timeout, or whose job in hand was cancelled, gets
-SIGTERM, then SIGKILL; a cancel's child is respawned at once and counts no attempt. Shutdown sends
-Stop to every child, waits up to `shutdown_timeout`, then kills the rest and releases their
-jobs without consuming an attempt. A child that said Retiring (max_jobs_per_child, its memory,
-a SIGTERM of its own: a stop to a child, signals.py) and exits 0 is a clean exit: respawned at
-once, no attempt charged, none while shutting down.
+are due. Signal handlers only record the signal. A child whose job outruns its timeout, or
+whose job in hand was cancelled, gets SIGTERM, then SIGKILL (Child.enforce). Shutdown sends
+Stop to every child, waits up to `shutdown_timeout`, then kills the rest. What a child's exit
+means (which attempt ends, which jobs go back or run alone, whether it was a crash) is
+verdicts.judge's to say; the loop acts on the verdict and deaths.py writes it.
 
 Time is the injected clock throughout. Children stamp a job's start with time.monotonic()
 (CLOCK_MONOTONIC is system-wide), so outside tests the clock is time.monotonic; a test's fake
@@ -38,29 +34,16 @@ import os
 import random
 import selectors
 import signal
-import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import assert_never
 
 from setproctitle import setproctitle
 
-from pgq_supervisor import db
 from pgq_supervisor.errors import DatabaseError, ExitCode
-from pgq_supervisor.ipc import (
-    BootFailed,
-    Idle,
-    JobSlot,
-    Ready,
-    Report,
-    Retiring,
-    RunAlone,
-    RunAloneSet,
-    Wake,
-)
-from pgq_supervisor.jobs import JobId, JsonValue
+from pgq_supervisor.ipc import BootFailed, Idle, Ready, Report, Retiring, RunAloneSet, Wake
+from pgq_supervisor.jobs import JobId
 from pgq_supervisor.registry import Registry
 from pgq_supervisor.settings import Settings
 from pgq_supervisor.signals import RecordedSignals
@@ -68,12 +51,14 @@ from pgq_supervisor.supervisor import cancels, deaths
 from pgq_supervisor.supervisor.children import (
     SHUTDOWN,
     Child,
-    ChildState,
     Fatal,
     Respawns,
     Spawner,
     child_spec,
     spawn_process,
+    start_child,
+    tell_run_alone,
+    wake_idle,
 )
 from pgq_supervisor.supervisor.listener import AVAILABLE, CANCEL, Listener
 from pgq_supervisor.supervisor.maintenance import (
@@ -83,6 +68,7 @@ from pgq_supervisor.supervisor.maintenance import (
     Timer,
     maintenance_timers,
 )
+from pgq_supervisor.supervisor.maintenance.registration import Registration
 from pgq_supervisor.supervisor.metrics import Metrics
 from pgq_supervisor.supervisor.verdicts import DeadChild, Verdict, judge
 
@@ -90,8 +76,6 @@ log = logging.getLogger(__name__)
 
 TICK = 0.1  # the longest wait: timeouts and respawns are judged at least this often
 IN_FLIGHT_EVERY = 1.0  # how often the in-flight gauge reads the children's slots
-RUN_ALONE_AT_SPAWN = 1_000  # the latest of them a new child is told before its first claim
-KILL_GRACE = 2.0  # SIGTERM to SIGKILL
 
 
 # ---- what the selector reports ----
@@ -189,11 +173,7 @@ class Supervisor:
         # jobs released from a death of a child that held several: each child that may run
         # several at once is told (RunAlone), and so is every child spawned later
         self.run_alone = RunAloneSet()
-        self.host = socket.gethostname()
-        # the row the Workers page and `workers` read (schema/0010): upserted every
-        # heartbeat_interval, deleted on a clean exit
-        self.started_at = datetime.now(UTC)
-        self.registration = f"{self.host}:{os.getpid()}:{self.rng.getrandbits(32):08x}"
+        self.registration = Registration(self.control, self.schema, self.rng)
         self.timers.add(
             Timer("register", self._register, settings.heartbeat_interval, in_shutdown=True)
         )
@@ -343,12 +323,7 @@ class Supervisor:
         """Wake up to n idle children; what cannot be delivered is owed to the next idle one."""
         if self.stopping:
             return
-        sent_at = self.clock()
-        for child in self.children.values():
-            if n <= 0:
-                break
-            if child.wake(sent_at):
-                n -= 1
+        n = wake_idle(self.children.values(), n, self.clock())
         # A child busy now claims again before it idles, unless its last claim raced this
         # notification: owe it one wake-up, bounded by the number of children.
         self.missed_wakes = min(self.missed_wakes + n, max(1, len(self.children)))
@@ -356,10 +331,9 @@ class Supervisor:
     # ---- child messages ----
 
     def _on_messages(self, child: Child) -> None:
-        for msg in child.recv_all():
+        for msg in child.receive():  # which updates the child's own state
             match msg:
                 case Report():
-                    child.jobs_done += len(msg.outcomes)
                     self.metrics.record(msg.outcomes, msg.wake_latencies)
                     self.services.activity.record(msg.outcomes)
                 case Idle():
@@ -372,13 +346,10 @@ class Supervisor:
                     else:
                         child.on_idle()
                 case Ready():
-                    child.on_ready()
                     self.respawns.child_ready()
                     log.info("child %d ready pid=%d", child.spec.index, msg.pid)
-                case Retiring():
-                    child.on_retiring()
-                case BootFailed():
-                    child.boot_failure = msg
+                case Retiring() | BootFailed():
+                    pass  # the child's own state (a clean exit; a boot failure: _reap)
                 case _:
                     assert_never(msg)
 
@@ -393,17 +364,12 @@ class Supervisor:
                 self._spawn(index, now)
 
     def _spawn(self, index: int, now: float) -> None:
-        worker_id = f"{self.host}:{os.getpid()}:{index}:{self.rng.getrandbits(32):08x}"
+        host = self.registration.host
+        worker_id = f"{host}:{os.getpid()}:{index}:{self.rng.getrandbits(32):08x}"
         spec = child_spec(self.settings, index, worker_id, self.dsn, self.types)
-        slot = JobSlot(spec.types, capacity=spec.concurrency)
-        proc, pipe = self.spawner(spec, slot)
-        child = Child(spec=spec, proc=proc, pipe=pipe, slot=slot, started_at=now)
-        self.children[index] = child
-        self.sel.register(pipe, selectors.EVENT_READ, PipeSource(child))
-        self.sel.register(proc.sentinel, selectors.EVENT_READ, ExitSource(child))
-        if self.run_alone and spec.concurrency > 1:
-            # in the pipe before the child's first claim (16 KB at most: the buffer holds it)
-            child.send(RunAlone.of(self.run_alone.latest(RUN_ALONE_AT_SPAWN)))
+        child = self.children[index] = start_child(spec, self.spawner, now, self.run_alone)
+        self.sel.register(child.pipe, selectors.EVENT_READ, PipeSource(child))
+        self.sel.register(child.proc.sentinel, selectors.EVENT_READ, ExitSource(child))
         self.metrics.children.set(len(self.children))
 
     def _enforce(self, now: float) -> None:
@@ -415,25 +381,7 @@ class Supervisor:
             for index, child in self.children.items():
                 self.metrics.in_flight.labels(str(index)).set(len(child.current_jobs()))
         for child in self.children.values():
-            if child.state is ChildState.KILLED:
-                continue
-            if at_deadline:
-                log.warning("child %d still busy at shutdown_timeout: killing it", child.spec.index)
-                child.kill(SHUTDOWN)
-            elif child.state is ChildState.TERMINATING:
-                if child.term_sent_at is not None and now - child.term_sent_at > KILL_GRACE:
-                    child.kill()
-            elif (job := cancels.due(child)) is not None:
-                log.info("job id=%s was cancelled: stopping child %d", job.job_id, child.spec.index)
-                child.stop_cancelled(now, job)
-            elif (job := child.overdue_job(now)) is not None:
-                log.warning(
-                    "job id=%s outran its timeout of %g s: killing child %d",
-                    job.job_id,
-                    job.timeout,
-                    child.spec.index,
-                )
-                child.terminate(now, f"timeout after {job.timeout:g} s", job.job_id)
+            child.enforce(now, at_deadline)
 
     def _reap(self, child: Child) -> None:
         child.proc.join(timeout=1.0)
@@ -460,13 +408,10 @@ class Supervisor:
             self.metrics.restarts.inc()
 
     def _run_alone(self, ids: tuple[JobId, ...]) -> None:
-        """Tell the children that may run several jobs at once to run these alone."""
-        if not ids:
-            return
-        self.run_alone.add(ids)
-        for other in self.children.values():
-            if other.spec.concurrency > 1 and not other.leaving:
-                other.send(RunAlone.of(ids))
+        """Remember these for the children spawned later, and tell those running now."""
+        if ids:
+            self.run_alone.add(ids)
+            tell_run_alone(self.children.values(), ids)
 
     def _settle_jobs(self, child: Child, verdict: Verdict) -> None:
         try:
@@ -478,26 +423,8 @@ class Supervisor:
             # the heartbeat stopped with the child: the rescuer will reclaim its jobs
             log.warning("could not settle jobs of dead child %d: %s", child.spec.index, exc)
 
-    # ---- registration ----
-
     def _register(self, now: float) -> None:
-        children: list[JsonValue] = [c.describe() for _, c in sorted(self.children.items())]
-        self.control.run(
-            lambda conn: db.register_supervisor(
-                conn, self.schema, id=self.registration, host=self.host, pid=os.getpid(),
-                procs=self.target, types=self.types, started_at=self.started_at,
-                children=children,
-            )
-        )  # fmt: skip
-
-    def _unregister(self) -> None:
-        try:
-            self.control.run(
-                lambda conn: db.unregister_supervisor(conn, self.schema, self.registration)
-            )
-        except DatabaseError as exc:
-            # the row goes stale, and another supervisor's upsert deletes it after an hour
-            log.warning("could not unregister this supervisor: %s", exc)
+        self.registration.register(self.target, self.types, self.children)
 
     # ---- health ----
 
@@ -514,7 +441,7 @@ class Supervisor:
             child.proc.join(timeout=5)
             dead = DeadChild.of(child, stopping=True, wanted=False)
             self._settle_jobs(child, judge(dead, self.registry, self.rng))
-        self._unregister()
+        self.registration.unregister()
         self.listener.close()
         self.control.close()
         self.signals.restore()

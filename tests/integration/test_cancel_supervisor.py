@@ -12,8 +12,8 @@ from pgq_supervisor.db import Conn
 from pgq_supervisor.jobs import JobState
 from pgq_supervisor.registry import RetryPolicy
 from pgq_supervisor.settings import load_settings
-from pgq_supervisor.supervisor.children import CANCELLED, ChildState
-from pgq_supervisor.supervisor.loop import KILL_GRACE, Supervisor
+from pgq_supervisor.supervisor.children import CANCELLED, KILL_GRACE, ChildState
+from pgq_supervisor.supervisor.loop import Supervisor
 from tests.fake_children import FakeChild, FakeClock, FakeSpawner, make_supervisor
 from tests.integration.support import DEADLINE, claim, get
 

@@ -17,8 +17,8 @@ from pgq_supervisor.ipc import Idle, Stop, Wake
 from pgq_supervisor.jobs import JobId
 from pgq_supervisor.registry import Registry
 from pgq_supervisor.settings import load_settings
-from pgq_supervisor.supervisor.children import ChildState, describe_exit
-from pgq_supervisor.supervisor.loop import KILL_GRACE, Supervisor
+from pgq_supervisor.supervisor.children import KILL_GRACE, ChildState, describe_exit
+from pgq_supervisor.supervisor.loop import Supervisor
 from tests.fake_children import NO_DATABASE, FakeClock, FakeSpawner, make_supervisor
 
 HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGTTIN, signal.SIGTTOU)
