@@ -8,7 +8,7 @@ import random
 import signal
 import uuid
 
-from pgq_supervisor.ipc import CancelJob, RunAlone
+from pgq_supervisor.ipc import CancelJob, RunAlone, RunAloneSet
 from pgq_supervisor.jobs import JobId
 from pgq_supervisor.registry import Registry
 from pgq_supervisor.settings import load_settings
@@ -131,3 +131,16 @@ def test_the_jobs_in_flight_of_each_child_are_a_gauge() -> None:
 
     assert (gauge("0"), gauge("1")) == (0.0, 2.0)
     sup.close()
+
+
+def test_the_run_alone_set_is_bounded_and_forgets_the_oldest_named() -> None:
+    a, b, c, d = (_job() for _ in range(4))
+    marks = RunAloneSet(keep=3)
+    marks.add([a, b, c])
+    marks.add([a])  # named again: now the newest
+    marks.add([d])
+    assert list(marks) == [c, a, d] and b not in marks
+    assert marks.latest(2) == [a, d] and marks.latest(0) == []
+    marks.discard(a)  # it ran alone (the child's copy)
+    assert list(marks) == [c, d] and len(marks) == 2
+
