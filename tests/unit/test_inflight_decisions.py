@@ -143,4 +143,3 @@ def test_the_run_alone_set_is_bounded_and_forgets_the_oldest_named() -> None:
     assert marks.latest(2) == [a, d] and marks.latest(0) == []
     marks.discard(a)  # it ran alone (the child's copy)
     assert list(marks) == [c, d] and len(marks) == 2
-
