@@ -8,6 +8,8 @@ import textwrap
 
 import pytest
 
+from tests.readme import blocks
+
 pytest_plugins = ["pytester"]
 
 USER_SUITE = """
@@ -16,6 +18,8 @@ import os
 
 import psycopg
 import pytest
+
+from tests.readme import blocks
 
 import pgq_supervisor as pgq
 from pgq_supervisor.testing import drain, drain_async
@@ -92,3 +96,12 @@ def test_the_ini_option_names_the_dsn(
         "def test_x(pgq_conn):\n    assert pgq.queue_stats(pgq_conn) == []\n"
     )
     pytester.runpytest_subprocess("-q").assert_outcomes(passed=1)
+
+
+def test_the_readme_block_runs_as_written(
+    pytester: pytest.Pytester, dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (code,) = blocks("Testing with the pytest plugin", "python")
+    monkeypatch.setenv("PGQ_TEST_DSN", dsn)
+    pytester.makepyfile(test_readme=code)
+    pytester.runpytest_subprocess("-q").assert_outcomes(passed=2)

@@ -20,6 +20,7 @@ import pgq_supervisor as pgq
 from pgq_supervisor.db import Conn
 from pgq_supervisor.jobs import JobId, JobState
 from pgq_supervisor.testing import drain
+from tests.readme import blocks
 
 INSERT = text("INSERT INTO orders (note) VALUES (:note)")
 
@@ -191,3 +192,16 @@ def test_a_sync_call_given_an_async_session_says_so(engine: Engine) -> None:
 
     with pytest.raises(TypeError, match="_async"):
         as_psycopg(AsyncSession(async_engine(engine)))  # type: ignore[arg-type]
+
+
+def test_the_readme_block_runs_as_written(
+    engine: Engine, dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (code,) = blocks("SQLAlchemy", "python")
+    monkeypatch.setenv("DATABASE_URL", engine.url.render_as_string(hide_password=False))
+    namespace: dict[str, object] = {}
+    exec(compile(code, "README.md", "exec"), namespace)
+    with psycopg.connect(dsn) as other:
+        assert other.execute("SELECT path FROM upload").fetchall() == [("a.png",)]
+        job = other.execute("SELECT id FROM pgq.job").fetchone()
+    assert job is not None and job[0] == namespace["job_id"]
