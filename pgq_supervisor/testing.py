@@ -15,7 +15,7 @@ import contextvars
 import inspect
 import os
 import uuid
-from collections.abc import Collection, Coroutine
+from collections.abc import Collection, Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -153,6 +153,25 @@ class _Drain:
             self.held = self.completer.claim(self.conn, self.policy, limit)
         return list(self.held)
 
+    def async_jobs(self, max_jobs: int | None, batch: int) -> Iterator[Job]:
+        """Claim and run until none is ready; the jobs of `async def` handlers are yielded for
+        the caller to run (on a loop of its choosing) and `report`."""
+        while jobs := self.claim(max_jobs, batch):
+            for job in jobs:
+                if self.async_handler(job):
+                    yield job
+                else:
+                    self.run(job)
+            self.flush()
+
+    @contextlib.contextmanager
+    def settling(self) -> Iterator[DrainResult]:
+        try:
+            yield self.result
+        except BaseException:
+            self.abandon()
+            raise
+
     def async_handler(self, job: Job) -> bool:
         handler = self.registry.handlers.get(job.type)
         if handler is None or not handler.is_async:
@@ -208,18 +227,10 @@ def drain(
     pytest.fail), the jobs claimed are settled or released first.
     """
     d = _Drain(as_psycopg(conn), registry, ignore, schema)
-    try:
-        while jobs := d.claim(max_jobs, batch):
-            for job in jobs:
-                if d.async_handler(job):
-                    d.report(_run_to_end(d.executor.run_async(job)))
-                else:
-                    d.run(job)
-            d.flush()
-    except BaseException:
-        d.abandon()
-        raise
-    return d.result
+    with d.settling() as result:
+        for job in d.async_jobs(max_jobs, batch):
+            d.report(_run_to_end(d.executor.run_async(job)))
+    return result
 
 
 async def drain_async(
@@ -235,18 +246,10 @@ async def drain_async(
     are awaited on that loop. `conn` is a sync connection (the pgq_conn fixture): the queue's
     statements block the loop briefly, as a test can afford."""
     d = _Drain(as_psycopg(conn), registry, ignore, schema)
-    try:
-        while jobs := d.claim(max_jobs, batch):
-            for job in jobs:
-                if d.async_handler(job):
-                    d.report(await d.executor.run_async(job))
-                else:
-                    d.run(job)
-            d.flush()
-    except BaseException:
-        d.abandon()
-        raise
-    return d.result
+    with d.settling() as result:
+        for job in d.async_jobs(max_jobs, batch):
+            d.report(await d.executor.run_async(job))
+    return result
 
 
 def _run_to_end(coro: Coroutine[object, object, T]) -> T:

@@ -5,38 +5,24 @@ a request waits for the job's result."""
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import psycopg
 import pytest
 
-from tests.acceptance.dashboard import free_port
-from tests.acceptance.helpers import ROOT, Supervisor, wait_for
+from tests.acceptance.dashboard import Served
+from tests.acceptance.helpers import Supervisor, wait_for
 
 
-class Uvicorn:
+class Uvicorn(Served):
     """`uvicorn examples.fastapi_app:app` on a free port, logs to a file."""
 
     def __init__(self, dsn: str) -> None:
-        self.url = f"http://127.0.0.1:{free_port()}"
-        self.log_path = Path(tempfile.mkstemp(prefix="pgq-uvicorn-", suffix=".log")[1])
-        self._log = self.log_path.open("wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "examples.fastapi_app:app",
-             "--host", "127.0.0.1", "--port", self.url.rsplit(":", 1)[1]],
-            stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT,
-            env={**os.environ, "PGQ_DSN": dsn},
-        )  # fmt: skip
-
-    def log(self) -> str:
-        self._log.flush()
-        return self.log_path.read_text(errors="replace")
+        argv = [sys.executable, "-m", "uvicorn", "examples.fastapi_app:app",
+                "--host", "127.0.0.1", "--port", "{port}"]  # fmt: skip
+        super().__init__(argv, {**os.environ, "PGQ_DSN": dsn}, "pgq-uvicorn-")
 
     def up(self) -> bool:
         assert self.proc.poll() is None, self.log()
@@ -44,16 +30,6 @@ class Uvicorn:
             return httpx.get(self.url + "/docs", timeout=2).status_code == 200
         except httpx.TransportError:
             return False
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        self._log.close()
 
 
 @pytest.fixture
