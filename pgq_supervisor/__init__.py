@@ -28,6 +28,7 @@ from pgq_supervisor.errors import (
     PermanentError,
     PgqError,
 )
+from pgq_supervisor.frameworks import AsyncConnLike, ConnLike
 from pgq_supervisor.jobs import (
     Bundle,
     BundleId,
@@ -43,9 +44,11 @@ from pgq_supervisor.registry import Registry, RetryPolicy
 from pgq_supervisor.waiting import wait, wait_async, wait_many, wait_many_async
 
 __all__ = [
+    "AsyncConnLike",
     "Bundle",
     "BundleId",
     "ConfigError",
+    "ConnLike",
     "DatabaseError",
     "DependencyFailure",
     "InvalidInput",

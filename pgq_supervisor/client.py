@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, TypedDict, Unpack, overload
 from pgq_supervisor import db
 from pgq_supervisor import schema as migrations
 from pgq_supervisor.errors import InvalidInput, InvalidTransition
+from pgq_supervisor.frameworks import AsyncConnLike, ConnLike, as_psycopg, as_psycopg_async
 from pgq_supervisor.jobs import (
     TERMINAL_STATES,
     Bundle,
@@ -79,7 +80,7 @@ def _new_job(
 
 
 def enqueue(
-    conn: db.Conn,
+    conn: ConnLike,
     type: str,
     payload: JsonValue = None,
     *,
@@ -112,11 +113,12 @@ def enqueue(
         type, payload, priority, start_at, max_retry_count, unique_key, origin, timeout,
         depends_on, on_dependency_failure, concurrency_key,
     )  # fmt: skip
-    return db.enqueue(conn, _schema(schema), job)
+    c = as_psycopg(conn)
+    return db.enqueue(c, _schema(schema), job)
 
 
 async def enqueue_async(
-    conn: db.AsyncConn,
+    conn: AsyncConnLike,
     type: str,
     payload: JsonValue = None,
     *,
@@ -136,11 +138,11 @@ async def enqueue_async(
         type, payload, priority, start_at, max_retry_count, unique_key, origin, timeout,
         depends_on, on_dependency_failure, concurrency_key,
     )  # fmt: skip
-    return await db.enqueue_async(conn, _schema(schema), job)
+    return await db.enqueue_async(await as_psycopg_async(conn), _schema(schema), job)
 
 
 def enqueue_many(
-    conn: db.Conn, jobs: Sequence[NewJob], *, schema: str | None = None
+    conn: ConnLike, jobs: Sequence[NewJob], *, schema: str | None = None
 ) -> list[JobId]:
     """Insert many jobs in one statement (one notification per job type, not per row).
 
@@ -148,11 +150,12 @@ def enqueue_many(
     A job's `depends_on` may name jobs enqueued before this call (even in the same
     transaction), not jobs of this batch: their ids are made here.
     """
-    return db.enqueue_many(conn, _schema(schema), jobs)
+    c = as_psycopg(conn)
+    return db.enqueue_many(c, _schema(schema), jobs)
 
 
 def enqueue_bundle(
-    conn: db.Conn,
+    conn: ConnLike,
     type: str,
     jobs: Sequence[NewJob],
     *,
@@ -170,27 +173,31 @@ def enqueue_bundle(
         raise InvalidInput("a bundle needs at least one job")
     if any(j.unique_key is not None for j in jobs):
         raise InvalidInput("bundle jobs cannot have a unique_key (the bundle would miscount)")
+    c = as_psycopg(conn)
     s = _schema(schema)
-    with db.atomic(conn):
-        bundle = db.insert_bundle(conn, s, type, len(jobs), origin, on_complete)
-        db.enqueue_many(conn, s, jobs, bundle_id=bundle.id)
+    with db.atomic(c):
+        bundle = db.insert_bundle(c, s, type, len(jobs), origin, on_complete)
+        db.enqueue_many(c, s, jobs, bundle_id=bundle.id)
     return bundle
 
 
-def get_job(conn: db.Conn, id: JobId, *, schema: str | None = None) -> JobRecord:
-    return db.get_job(conn, _schema(schema), id)
+def get_job(conn: ConnLike, id: JobId, *, schema: str | None = None) -> JobRecord:
+    c = as_psycopg(conn)
+    return db.get_job(c, _schema(schema), id)
 
 
-def get_bundle(conn: db.Conn, id: BundleId, *, schema: str | None = None) -> Bundle:
-    return db.get_bundle(conn, _schema(schema), id)
+def get_bundle(conn: ConnLike, id: BundleId, *, schema: str | None = None) -> Bundle:
+    c = as_psycopg(conn)
+    return db.get_bundle(c, _schema(schema), id)
 
 
-def cancel_job(conn: db.Conn, id: JobId, *, schema: str | None = None) -> JobState:
+def cancel_job(conn: ConnLike, id: JobId, *, schema: str | None = None) -> JobState:
     """Cancel a pending or running job; returns the state it was in. A running job ends
     `cancelled` when this commits (its worker's writes are fenced out, it is never retried)
     and the supervisor whose child runs it stops that child. InvalidTransition if the job has
     finished, JobNotFound if unknown."""
-    result = db.cancel(conn, _schema(schema), id)
+    c = as_psycopg(conn)
+    result = db.cancel(c, _schema(schema), id)
     if not result.cancelled:
         raise InvalidTransition(
             f"job {id} is {result.state.value}; only pending or running jobs can be cancelled"
@@ -198,13 +205,14 @@ def cancel_job(conn: db.Conn, id: JobId, *, schema: str | None = None) -> JobSta
     return result.state
 
 
-def reset_job(conn: db.Conn, id: JobId, *, force: bool = False, schema: str | None = None) -> None:
+def reset_job(conn: ConnLike, id: JobId, *, force: bool = False, schema: str | None = None) -> None:
     """Put a finished job back to pending with a fresh retry budget (history is kept).
 
     A running job is refused unless `force`: its worker is then fenced out and its writes
     are dropped, so the job cannot run twice to completion.
     """
-    blocked_by = db.reset(conn, _schema(schema), id, force)
+    c = as_psycopg(conn)
+    blocked_by = db.reset(c, _schema(schema), id, force)
     if blocked_by is not None:
         hint = (
             " (use force=True to take it from its worker)" if blocked_by is JobState.RUNNING else ""
@@ -213,7 +221,7 @@ def reset_job(conn: db.Conn, id: JobId, *, force: bool = False, schema: str | No
 
 
 def pause(
-    conn: db.Conn,
+    conn: ConnLike,
     type: str,
     *,
     reason: str | None = None,
@@ -225,14 +233,16 @@ def pause(
     False if the type was paused already (nothing changes then: its reason and time stay).
     InvalidInput for an invalid type name."""
     _check_type(type)
-    return db.pause(conn, _schema(schema), type, paused_by=by, reason=reason) is not None
+    c = as_psycopg(conn)
+    return db.pause(c, _schema(schema), type, paused_by=by, reason=reason) is not None
 
 
-def resume(conn: db.Conn, type: str, *, schema: str | None = None) -> bool:
+def resume(conn: ConnLike, type: str, *, schema: str | None = None) -> bool:
     """Resume a paused job type; its workers are woken when this commits. Returns False if
     the type was not paused (nothing changes). InvalidInput for an invalid type name."""
     _check_type(type)
-    return db.resume(conn, _schema(schema), type)
+    c = as_psycopg(conn)
+    return db.resume(c, _schema(schema), type)
 
 
 def _check_type(type_: str) -> None:
@@ -242,13 +252,14 @@ def _check_type(type_: str) -> None:
         raise InvalidInput(str(exc)) from None
 
 
-def retry_failed(conn: db.Conn, *, type: str | None = None, schema: str | None = None) -> int:
+def retry_failed(conn: ConnLike, *, type: str | None = None, schema: str | None = None) -> int:
     """Reset every failed job (of one type, or all). Returns how many."""
-    return db.retry_failed(conn, _schema(schema), type)
+    c = as_psycopg(conn)
+    return db.retry_failed(c, _schema(schema), type)
 
 
 def delete_finished(
-    conn: db.Conn,
+    conn: ConnLike,
     older_than: timedelta | float,
     *,
     states: Sequence[JobState] = tuple(TERMINAL_STATES),
@@ -263,23 +274,27 @@ def delete_finished(
     bad = [s for s in states if s not in TERMINAL_STATES]
     if bad:
         raise InvalidInput(f"only finished jobs can be purged, not {bad[0].value}")
-    return db.delete_finished(conn, _schema(schema), seconds, states)
+    c = as_psycopg(conn)
+    return db.delete_finished(c, _schema(schema), seconds, states)
 
 
-def queue_stats(conn: db.Conn, *, schema: str | None = None) -> list[TypeStats]:
-    return db.queue_stats(conn, _schema(schema))
+def queue_stats(conn: ConnLike, *, schema: str | None = None) -> list[TypeStats]:
+    c = as_psycopg(conn)
+    return db.queue_stats(c, _schema(schema))
 
 
-def queue_depth(conn: db.Conn, type: str | None = None, *, schema: str | None = None) -> int:
+def queue_depth(conn: ConnLike, type: str | None = None, *, schema: str | None = None) -> int:
     """Jobs a claim could take now (of one type, or all): what an autoscaler should size for.
     The schema's depth() (schema/0014): due, not waiting on dependencies, not of a paused
     type, within a rate's free starts and a global limit's free slots."""
-    return db.depth(conn, _schema(schema), type)
+    c = as_psycopg(conn)
+    return db.depth(c, _schema(schema), type)
 
 
-def migrate(conn: db.Conn, *, schema: str | None = None) -> list[int]:
+def migrate(conn: ConnLike, *, schema: str | None = None) -> list[int]:
     """Apply pending migrations; returns the versions applied. Safe to run concurrently."""
-    return migrations.migrate(conn, _schema(schema))
+    c = as_psycopg(conn)
+    return migrations.migrate(c, _schema(schema))
 
 
 class Producer:

@@ -112,3 +112,9 @@ def migrate(conn: psycopg.Connection[TupleRow], schema: str) -> list[int]:
             done.append(mig.version)
         conn.execute("SELECT set_config('search_path', %s, true)", callers_path)
     return done
+
+
+def drop(conn: psycopg.Connection[TupleRow], schema: str) -> None:
+    """Drop `schema` and everything in it (the pytest plugin's per-test schemas)."""
+    with wrapped():
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))

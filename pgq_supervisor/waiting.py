@@ -29,6 +29,7 @@ from psycopg.pq import TransactionStatus
 
 from pgq_supervisor import db
 from pgq_supervisor.errors import DatabaseError, InvalidInput, JobNotFound
+from pgq_supervisor.frameworks import AsyncConnLike, ConnLike, as_psycopg, as_psycopg_async
 from pgq_supervisor.jobs import JobId, JobRecord, JobState
 
 STOPPED_CHANNEL = "pgq_job_stopped"
@@ -148,7 +149,7 @@ class _Waiting:
 
 
 def wait(
-    conn: db.Conn,
+    conn: ConnLike,
     job_id: JobId,
     timeout: float | None = None,
     *,
@@ -164,7 +165,7 @@ def wait(
 
 
 def wait_many(
-    conn: db.Conn,
+    conn: ConnLike,
     ids: Sequence[JobId],
     timeout: float | None = None,
     *,
@@ -172,6 +173,7 @@ def wait_many(
     schema: str | None = None,
 ) -> list[JobRecord]:
     """`wait` for every job of `ids` (one connection, one LISTEN); records in input order."""
+    conn = as_psycopg(conn)
     s = schema or db.default_schema()
     w = _Waiting(ids, timeout)
     with _listening(conn, _channels(on_progress)):
@@ -191,7 +193,7 @@ def wait_many(
 
 
 async def wait_async(
-    conn: db.AsyncConn,
+    conn: AsyncConnLike,
     job_id: JobId,
     timeout: float | None = None,
     *,
@@ -204,7 +206,7 @@ async def wait_async(
 
 
 async def wait_many_async(
-    conn: db.AsyncConn,
+    conn: AsyncConnLike,
     ids: Sequence[JobId],
     timeout: float | None = None,
     *,
@@ -212,6 +214,7 @@ async def wait_many_async(
     schema: str | None = None,
 ) -> list[JobRecord]:
     """`wait_many` on a psycopg.AsyncConnection."""
+    conn = await as_psycopg_async(conn)
     s = schema or db.default_schema()
     w = _Waiting(ids, timeout)
     async with _listening_async(conn, _channels(on_progress)):
