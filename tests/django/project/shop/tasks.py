@@ -1,0 +1,41 @@
+"""The tasks the tests run through `manage.py pgq_worker`."""
+
+from __future__ import annotations
+
+from pgq_supervisor.contrib.django.compat import TaskContext
+from shop.models import Order
+
+try:
+    from django.tasks import task
+except ImportError:  # Django 5.2: the django-tasks backport
+    from django_tasks import task
+
+
+class Boom(Exception):
+    pass
+
+
+@task()
+def add(a: int, b: int) -> int:
+    return a + b
+
+
+@task()
+def ship(order_id: int) -> str:
+    # reads the row the enqueuing transaction wrote: the job runs only once that committed
+    return Order.objects.get(id=order_id).name
+
+
+@task()
+def explode(why: str) -> None:
+    raise Boom(why)
+
+
+@task(takes_context=True)
+def attempt(context: TaskContext) -> int:
+    return context.attempt
+
+
+@task(queue_name="emails", priority=10)
+async def send(to: str) -> dict[str, str]:
+    return {"sent": to}

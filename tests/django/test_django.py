@@ -1,0 +1,137 @@
+"""The Django integration end to end: migrate, a view enqueuing in its atomic(), tasks run by
+`manage.py pgq_worker` (a subprocess), results through get_result() and refresh()."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from pgq_supervisor.contrib.django.compat import TaskResult
+from tests.acceptance.helpers import wait_for
+from tests.django.conftest import PROJECT
+
+# the worker's children: fast heartbeats, and polls, so a test waits on its task, not on timers
+FAST = ["--procs", "1", "--poll-interval", "0.2", "--heartbeat-interval", "0.5"]
+
+
+@pytest.fixture(scope="module")
+def worker(django_dsn: str) -> Iterator[Path]:
+    """`manage.py pgq_worker` serving both queues; yields its log's path, stopped by SIGTERM."""
+    log = Path(tempfile.mkstemp(prefix="pgq-dj-", suffix=".log")[1])
+    env = {**os.environ, "PGQ_DJANGO_DSN": django_dsn}
+    env.pop("PGQ_DSN", None)
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "manage.py", "pgq_worker", *FAST],
+            stdout=out, stderr=subprocess.STDOUT, env=env, cwd=PROJECT, start_new_session=True,
+        )  # fmt: skip
+        try:
+            yield log
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            code = proc.wait(timeout=60)
+    assert code == 0, log.read_text()
+
+
+def finished(result: TaskResult[object], log: Path) -> TaskResult[object]:
+    """`result` once refresh() finds it finished."""
+
+    def check() -> TaskResult[object] | None:
+        result.refresh()  # TaskResult.refresh() reads the job again
+        return result if result.is_finished else None
+
+    try:
+        return wait_for(f"task {result.id} to finish", check, timeout=60)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\nworker log:\n{log.read_text()}") from None
+
+
+def test_migrate_created_the_queue_schema(django_dsn: str) -> None:
+    with psycopg.connect(django_dsn) as conn:
+        versions = conn.execute("SELECT count(*) FROM pgq.schema_version").fetchone()
+        orders = conn.execute("SELECT to_regclass('shop_order')").fetchone()
+    assert versions is not None and versions[0] > 0
+    assert orders == ("shop_order",)
+    from django.db.migrations.recorder import MigrationRecorder
+
+    applied = MigrationRecorder.Migration.objects.filter(app="pgq_supervisor")
+    assert [m.name for m in applied] == ["0001_queue_schema"]
+
+
+def test_a_view_enqueues_in_its_transaction_and_the_worker_runs_the_task(
+    django_dsn: str, worker: Path
+) -> None:
+    from django.test import Client
+
+    from shop.tasks import add, ship
+
+    response = Client().post("/order/?name=teapot")
+    assert response.status_code == 200
+    ids = json.loads(response.content)
+    result = ship.get_result(ids["task"])
+    assert result.args == [ids["order"]]
+    assert finished(result, worker).status == "SUCCESSFUL"
+    assert result.return_value == "teapot"
+    assert ship.get_result(ids["task"]).return_value == "teapot"
+    assert finished(add.get_result(ids["first"]), worker).return_value == 2
+
+
+def test_rolling_back_the_view_removes_its_jobs_even_the_first_statement(
+    django_dsn: str,
+) -> None:
+    from django.test import Client
+
+    from pgq_supervisor.contrib.django.compat import TaskResultDoesNotExist
+    from shop.models import Order
+    from shop.tasks import add, ship
+
+    response = Client().post("/order/?name=gone&fail=1")
+    assert response.status_code == 409
+    ids = json.loads(response.content)
+    assert not Order.objects.filter(id=ids["order"]).exists()
+    for task, key in [(ship, "task"), (add, "first")]:
+        with pytest.raises(TaskResultDoesNotExist):
+            task.get_result(ids[key])
+
+
+def test_a_failing_task_reports_its_error(django_dsn: str, worker: Path) -> None:
+    from shop.tasks import explode
+
+    result = explode.enqueue("on purpose")
+    result.refresh()
+    assert result.status == "READY"
+    finished(result, worker)
+    assert result.status == "FAILED"
+    [error] = result.errors
+    assert error.exception_class_path == "shop.tasks.Boom"
+    assert "on purpose" in error.traceback
+    with pytest.raises(ValueError, match="failed"):
+        _ = result.return_value
+
+
+def test_context_async_priority_and_run_after(django_dsn: str, worker: Path) -> None:
+    from django.utils import timezone
+
+    from shop.tasks import attempt, send
+
+    later = send.using(run_after=timezone.now() + timedelta(seconds=1)).enqueue("ann")
+    assert send.priority == 10
+    with psycopg.connect(django_dsn) as conn:
+        row = conn.execute(
+            "SELECT type, priority, start_at > created_at FROM pgq.job WHERE id = %s",
+            (later.id,),
+        ).fetchone()
+    assert row == ("django:emails", 10, True)
+    context = attempt.enqueue()
+    assert finished(context, worker).return_value == 1
+    assert finished(later, worker).return_value == {"sent": "ann"}
