@@ -12,6 +12,7 @@ import tempfile
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import TypeVar
 
 import psycopg
 import pytest
@@ -19,6 +20,8 @@ import pytest
 from pgq_supervisor.contrib.django.compat import TaskResult
 from tests.acceptance.helpers import wait_for
 from tests.django.conftest import PROJECT
+
+T = TypeVar("T")
 
 # the worker's children: fast heartbeats, and polls, so a test waits on its task, not on timers
 FAST = ["--procs", "1", "--poll-interval", "0.2", "--heartbeat-interval", "0.5"]
@@ -43,10 +46,10 @@ def worker(django_dsn: str) -> Iterator[Path]:
     assert code == 0, log.read_text()
 
 
-def finished(result: TaskResult[object], log: Path) -> TaskResult[object]:
+def finished(result: TaskResult[T], log: Path) -> TaskResult[T]:
     """`result` once refresh() finds it finished."""
 
-    def check() -> TaskResult[object] | None:
+    def check() -> TaskResult[T] | None:
         result.refresh()  # TaskResult.refresh() reads the job again
         return result if result.is_finished else None
 
@@ -72,7 +75,6 @@ def test_a_view_enqueues_in_its_transaction_and_the_worker_runs_the_task(
     django_dsn: str, worker: Path
 ) -> None:
     from django.test import Client
-
     from shop.tasks import add, ship
 
     response = Client().post("/order/?name=teapot")
@@ -90,18 +92,19 @@ def test_rolling_back_the_view_removes_its_jobs_even_the_first_statement(
     django_dsn: str,
 ) -> None:
     from django.test import Client
-
-    from pgq_supervisor.contrib.django.compat import TaskResultDoesNotExist
     from shop.models import Order
     from shop.tasks import add, ship
+
+    from pgq_supervisor.contrib.django.compat import TaskResultDoesNotExist
 
     response = Client().post("/order/?name=gone&fail=1")
     assert response.status_code == 409
     ids = json.loads(response.content)
     assert not Order.objects.filter(id=ids["order"]).exists()
-    for task, key in [(ship, "task"), (add, "first")]:
-        with pytest.raises(TaskResultDoesNotExist):
-            task.get_result(ids[key])
+    with pytest.raises(TaskResultDoesNotExist):
+        ship.get_result(ids["task"])
+    with pytest.raises(TaskResultDoesNotExist):
+        add.get_result(ids["first"])
 
 
 def test_a_failing_task_reports_its_error(django_dsn: str, worker: Path) -> None:
@@ -121,7 +124,6 @@ def test_a_failing_task_reports_its_error(django_dsn: str, worker: Path) -> None
 
 def test_context_async_priority_and_run_after(django_dsn: str, worker: Path) -> None:
     from django.utils import timezone
-
     from shop.tasks import attempt, send
 
     later = send.using(run_after=timezone.now() + timedelta(seconds=1)).enqueue("ann")
@@ -134,4 +136,5 @@ def test_context_async_priority_and_run_after(django_dsn: str, worker: Path) -> 
     assert row == ("django:emails", 10, True)
     context = attempt.enqueue()
     assert finished(context, worker).return_value == 1
-    assert finished(later, worker).return_value == {"sent": "ann"}
+    sent: object = finished(later, worker).return_value  # typed as the coroutine it awaits
+    assert sent == {"sent": "ann"}

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from django_tasks import TaskContext, TaskResult, TaskResultStatus, task_backends
+    from django_tasks import TaskContext, TaskResult, TaskResultStatus, task, task_backends
     from django_tasks.backends.base import BaseTaskBackend
     from django_tasks.base import Task, TaskError
     from django_tasks.exceptions import TaskResultDoesNotExist
@@ -16,14 +16,14 @@ if TYPE_CHECKING:
     from django_tasks.utils import normalize_json
 else:
     try:
-        from django.tasks import TaskContext, TaskResult, TaskResultStatus, task_backends
+        from django.tasks import TaskContext, TaskResult, TaskResultStatus, task, task_backends
         from django.tasks.backends.base import BaseTaskBackend
         from django.tasks.base import Task, TaskError
         from django.tasks.exceptions import TaskResultDoesNotExist
         from django.tasks.signals import task_enqueued, task_finished, task_started
         from django.utils.json import normalize_json
     except ImportError:
-        from django_tasks import TaskContext, TaskResult, TaskResultStatus, task_backends
+        from django_tasks import TaskContext, TaskResult, TaskResultStatus, task, task_backends
         from django_tasks.backends.base import BaseTaskBackend
         from django_tasks.base import Task, TaskError
         from django_tasks.exceptions import TaskResultDoesNotExist
@@ -39,6 +39,7 @@ __all__ = [
     "TaskResultDoesNotExist",
     "TaskResultStatus",
     "normalize_json",
+    "task",
     "task_backends",
     "task_enqueued",
     "task_finished",

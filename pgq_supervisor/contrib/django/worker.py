@@ -12,11 +12,10 @@ from __future__ import annotations
 import os
 from typing import cast
 
-from typing_extensions import TypedDict  # pydantic needs it before Python 3.12
-
 import django
 from django.db import close_old_connections
 from django.utils.module_loading import autodiscover_modules, import_string
+from typing_extensions import TypedDict  # pydantic needs it before Python 3.12
 
 from pgq_supervisor import db
 from pgq_supervisor.errors import ConfigError, PermanentError

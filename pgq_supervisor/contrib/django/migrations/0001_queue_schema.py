@@ -31,5 +31,4 @@ def migrate_queue(apps: StateApps, schema_editor: BaseDatabaseSchemaEditor) -> N
 
 class Migration(migrations.Migration):
     initial = True
-    dependencies: list[tuple[str, str]] = []
     operations = [migrations.RunPython(migrate_queue, migrations.RunPython.noop, elidable=False)]

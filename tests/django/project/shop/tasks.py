@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-from pgq_supervisor.contrib.django.compat import TaskContext
+# django.tasks on Django 6, the django-tasks backport's django_tasks on 5.2
+from pgq_supervisor.contrib.django.compat import TaskContext, task
 from shop.models import Order
-
-try:
-    from django.tasks import task
-except ImportError:  # Django 5.2: the django-tasks backport
-    from django_tasks import task
 
 
 class Boom(Exception):
@@ -23,7 +19,8 @@ def add(a: int, b: int) -> int:
 @task()
 def ship(order_id: int) -> str:
     # reads the row the enqueuing transaction wrote: the job runs only once that committed
-    return Order.objects.get(id=order_id).name
+    name: str = Order.objects.get(id=order_id).name
+    return name
 
 
 @task()

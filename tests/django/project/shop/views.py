@@ -19,8 +19,8 @@ def order(request: HttpRequest) -> HttpResponse:
             ids["first"] = add.enqueue(1, 1).id
             new = Order(name=request.GET.get("name", "x"))
             new.save()
-            ids["order"] = new.id
-            ids["task"] = ship.enqueue(new.id).id
+            ids["order"] = new.pk
+            ids["task"] = ship.enqueue(new.pk).id
             if request.GET.get("fail"):
                 raise Refused
     except Refused:

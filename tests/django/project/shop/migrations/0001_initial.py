@@ -3,7 +3,6 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     initial = True
-    dependencies: list[tuple[str, str]] = []
     operations = [
         migrations.CreateModel(
             name="Order",
