@@ -111,7 +111,6 @@ def test_a_failing_task_reports_its_error(django_dsn: str, worker: Path) -> None
     from shop.tasks import explode
 
     result = explode.enqueue("on purpose")
-    result.refresh()
     assert result.status == "READY"
     finished(result, worker)
     assert result.status == "FAILED"

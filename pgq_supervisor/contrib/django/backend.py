@@ -178,7 +178,7 @@ def _error(attempt: JsonValue) -> TaskError | None:
 def task_result(record: JobRecord, alias: str) -> TaskResult[object]:
     """The TaskResult of the task whose job `record` is."""
     path, args, kwargs = _payload(record)
-    task = cast(Task[..., object], import_string(path))
+    task = cast("Task[..., object]", import_string(path))  # Django 6: not generic
     workers = [a.get("worker") for a in record.attempts if isinstance(a, dict)]
     if record.state in (JobState.RUNNING, JobState.SUCCEEDED):
         workers.append(record.worker_id)  # the attempt under way, or the one that succeeded
