@@ -19,7 +19,7 @@ import pytest
 
 from pgq_supervisor.contrib.django.compat import TaskResult
 from tests.acceptance.helpers import wait_for
-from tests.django.conftest import PROJECT
+from tests.django.conftest import PROJECT, manage
 
 T = TypeVar("T")
 
@@ -69,6 +69,16 @@ def test_migrate_created_the_queue_schema(django_dsn: str) -> None:
 
     applied = MigrationRecorder.Migration.objects.filter(app="pgq_supervisor")
     assert [m.name for m in applied] == ["0001_queue_schema"]
+    # again: nothing to do (every migrate brings the queue's schema up to date, see apps.py)
+    again = manage(django_dsn, "migrate", "--no-input")
+    assert again.returncode == 0, again.stderr
+
+
+def test_a_bad_worker_flag_is_one_line_and_exit_2(django_dsn: str) -> None:
+    done = manage(django_dsn, "pgq_worker", "--procs", "none")
+    assert done.returncode == 2
+    assert done.stderr.startswith("error: invalid setting procs"), done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
 def test_a_view_enqueues_in_its_transaction_and_the_worker_runs_the_task(

@@ -20,6 +20,7 @@ from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from pgq_supervisor import db
+from pgq_supervisor import schema as migrations
 from pgq_supervisor.contrib.django.compat import (
     BaseTaskBackend,
     Task,
@@ -86,6 +87,21 @@ def options_database(params: Mapping[str, object]) -> str:
 def options_schema(params: Mapping[str, object]) -> str:
     schema = _options(params).get("SCHEMA")
     return str(schema) if schema else db.default_schema()
+
+
+def migrate_queue(alias: str) -> list[int]:
+    """Bring the queue's schemas in Django's database `alias` up to date: those of the
+    backends that keep their queue there (without one of ours configured, the default schema
+    in the default database). Returns the versions applied."""
+    ours = [p for _, p in backend_options()] or ([{}] if alias == "default" else [])
+    names = sorted({options_schema(p) for p in ours if options_database(p) == alias})
+    if not names:
+        return []
+    conn = psycopg_connection(alias)
+    done: list[int] = []
+    for name in names:
+        done += migrations.migrate(conn, name)
+    return done
 
 
 class TaskBackend(BaseTaskBackend):
