@@ -147,3 +147,14 @@ def test_context_async_priority_and_run_after(django_dsn: str, worker: Path) -> 
     assert finished(context, worker).return_value == 1
     sent: object = finished(later, worker).return_value  # typed as the coroutine it awaits
     assert sent == {"sent": "ann"}
+
+
+def test_each_task_starts_on_a_fresh_django_connection(django_dsn: str, worker: Path) -> None:
+    """close_old_connections() around each task: with CONN_MAX_AGE 0 (Django's default) a
+    task's connection is closed after it, as a request's is, so the next opens its own."""
+    from shop.tasks import backend_pid
+
+    first = finished(backend_pid.enqueue(), worker).return_value
+    second = finished(backend_pid.enqueue(), worker).return_value
+    assert isinstance(first, int) and isinstance(second, int)
+    assert first != second

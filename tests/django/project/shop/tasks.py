@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from django.db import connection
+
 # django.tasks on Django 6, the django-tasks backport's django_tasks on 5.2
 from pgq_supervisor.contrib.django.compat import TaskContext, task
 from shop.models import Order
@@ -36,3 +38,14 @@ def attempt(context: TaskContext) -> int:
 @task(queue_name="emails", priority=10)
 async def send(to: str) -> dict[str, str]:
     return {"sent": to}
+
+
+@task()
+def backend_pid() -> int:
+    """The server process of this task's Django connection."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        row = cursor.fetchone()
+    assert row is not None
+    pid: int = row[0]
+    return pid
