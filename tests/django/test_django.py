@@ -18,10 +18,11 @@ import psycopg
 import pytest
 
 from pgq_supervisor.contrib.django.compat import TaskResult
-from tests.acceptance.helpers import wait_for
+from tests.acceptance.helpers import APP, ROOT, wait_for
 from tests.django.conftest import PROJECT, manage
 
 T = TypeVar("T")
+APPS = ROOT / "tests" / "acceptance" / "apps"
 
 # the worker's children: fast heartbeats, and polls, so a test waits on its task, not on timers
 FAST = ["--procs", "1", "--poll-interval", "0.2", "--heartbeat-interval", "0.5"]
@@ -29,13 +30,14 @@ FAST = ["--procs", "1", "--poll-interval", "0.2", "--heartbeat-interval", "0.5"]
 
 @pytest.fixture(scope="module")
 def worker(django_dsn: str) -> Iterator[Path]:
-    """`manage.py pgq_worker` serving both queues; yields its log's path, stopped by SIGTERM."""
+    """`manage.py pgq_worker` serving both queues and the handlers of an app of our own
+    (`--app`); yields its log's path, stopped by SIGTERM."""
     log = Path(tempfile.mkstemp(prefix="pgq-dj-", suffix=".log")[1])
-    env = {**os.environ, "PGQ_DJANGO_DSN": django_dsn}
+    env = {**os.environ, "PGQ_DJANGO_DSN": django_dsn, "PYTHONPATH": str(APPS)}
     env.pop("PGQ_DSN", None)
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "manage.py", "pgq_worker", *FAST],
+            [sys.executable, "manage.py", "pgq_worker", *FAST, "--app", APP],
             stdout=out, stderr=subprocess.STDOUT, env=env, cwd=PROJECT, start_new_session=True,
         )  # fmt: skip
         try:
@@ -158,3 +160,16 @@ def test_each_task_starts_on_a_fresh_django_connection(django_dsn: str, worker: 
     second = finished(backend_pid.enqueue(), worker).return_value
     assert isinstance(first, int) and isinstance(second, int)
     assert first != second
+
+
+def test_the_worker_runs_the_apps_own_handlers_too(django_dsn: str, worker: Path) -> None:
+    import pgq_supervisor as pgq
+    from pgq_supervisor.contrib.django.backend import psycopg_connection
+    from pgq_supervisor.jobs import JobState
+
+    job_id = pgq.enqueue(psycopg_connection(), "noop", {})  # Django's connection, autocommit
+
+    def done() -> bool:
+        return pgq.get_job(psycopg_connection(), job_id).state is JobState.SUCCEEDED
+
+    wait_for(f"job {job_id} to succeed", done, timeout=60)
