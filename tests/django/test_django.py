@@ -173,3 +173,28 @@ def test_the_worker_runs_the_apps_own_handlers_too(django_dsn: str, worker: Path
         return pgq.get_job(psycopg_connection(), job_id).state is JobState.SUCCEEDED
 
     wait_for(f"job {job_id} to succeed", done, timeout=60)
+
+
+@pytest.mark.parametrize(
+    ("attempt", "path"),
+    [
+        ({"kind": "error", "error": "Boom: x", "traceback": "Tb\nshop.tasks.Boom: x\n"},
+         "shop.tasks.Boom"),
+        ({"kind": "error", "error": "KeyError: 'a'", "traceback": "Tb\nKeyError: 'a'\n"},
+         "builtins.KeyError"),
+        ({"kind": "permanent", "error": "PermanentError: no"},
+         "pgq_supervisor.errors.PermanentError"),
+        ({"kind": "timeout", "error": "timed out after 1 s"}, "builtins.TimeoutError"),
+        ({"kind": "cancelled", "error": "cancelled"}, "pgq_supervisor.errors.PgqError"),
+        ({"kind": "worker_death", "error": "exit code -9"}, "pgq_supervisor.errors.PgqError"),
+    ],
+)  # fmt: skip
+def test_each_failed_attempt_is_an_error_whose_class_imports(
+    django_dsn: str, attempt: dict[str, str], path: str
+) -> None:
+    from pgq_supervisor.contrib.django.backend import task_error
+
+    error = task_error(dict(attempt))
+    assert error is not None
+    assert error.exception_class_path == path
+    assert issubclass(error.exception_class, BaseException)

@@ -8,6 +8,7 @@ are the queue's own.
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Mapping, Sequence
 from typing import cast
 from uuid import UUID
@@ -19,7 +20,7 @@ from django.db import connections
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from pgq_supervisor import db
+from pgq_supervisor import db, errors
 from pgq_supervisor import schema as migrations
 from pgq_supervisor.contrib.django.compat import (
     BaseTaskBackend,
@@ -178,17 +179,33 @@ def _payload(record: JobRecord) -> tuple[str, list[JsonValue], dict[str, JsonVal
     )
 
 
-def _error(attempt: JsonValue) -> TaskError | None:
-    """A failed attempt as Django's TaskError. The class path is read from the traceback's
-    last line ("module.Class: message"; builtins have no module there)."""
+def _class_path(name: str) -> str | None:
+    """The importable path of an exception class as a traceback's last line names it
+    ("module.Class"; builtins, and our errors in an attempt's message, by name alone)."""
+    if "." in name:
+        return name
+    if isinstance(getattr(builtins, name, None), type):
+        return f"builtins.{name}"
+    if isinstance(getattr(errors, name, None), type):
+        return f"pgq_supervisor.errors.{name}"
+    return None
+
+
+def task_error(attempt: JsonValue) -> TaskError | None:
+    """A failed attempt as Django's TaskError: the exception's class path from the traceback
+    (an attempt that raised) or the message ("PermanentError: ..."); an attempt the task never
+    ended itself (a timeout, a worker's death, a cancel) says its kind and message."""
     if not isinstance(attempt, dict):
         return None
-    text = str(attempt.get("traceback") or attempt.get("error") or "")
-    last = text.rstrip().splitlines()[-1] if text.strip() else "Exception"
-    name = last.split(":", 1)[0].strip()
-    return TaskError(
-        exception_class_path=name if "." in name else f"builtins.{name}", traceback=text
-    )
+    trace, message = attempt.get("traceback"), str(attempt.get("error") or "")
+    text = str(trace) if trace else message
+    last = text.rstrip().splitlines()[-1] if text.strip() else ""
+    path = _class_path(last.split(":", 1)[0].strip()) if ":" in last else None
+    if path is None:
+        kind = str(attempt.get("kind") or "error")
+        path = "builtins.TimeoutError" if kind == "timeout" else "pgq_supervisor.errors.PgqError"
+        text = f"{kind}: {message}"
+    return TaskError(exception_class_path=path, traceback=text)
 
 
 def task_result(record: JobRecord, alias: str) -> TaskResult[object]:
@@ -198,7 +215,7 @@ def task_result(record: JobRecord, alias: str) -> TaskResult[object]:
     workers = [a.get("worker") for a in record.attempts if isinstance(a, dict)]
     if record.state in (JobState.RUNNING, JobState.SUCCEEDED):
         workers.append(record.worker_id)  # the attempt under way, or the one that succeeded
-    errors = [e for e in map(_error, record.attempts) if e is not None]
+    failures = [e for e in map(task_error, record.attempts) if e is not None]
     result: TaskResult[object] = TaskResult(
         task=task,
         id=str(record.id),
@@ -210,7 +227,7 @@ def task_result(record: JobRecord, alias: str) -> TaskResult[object]:
         args=args,
         kwargs=kwargs,
         backend=alias,
-        errors=errors,
+        errors=failures,
         worker_ids=[str(w) for w in workers if w is not None],
     )
     object.__setattr__(result, "_return_value", record.result)
