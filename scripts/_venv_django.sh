@@ -24,7 +24,9 @@ elif [ ! -f "$DJ_STAMP" ] || [ "$ROOT/pyproject.toml" -nt "$DJ_STAMP" ]; then
   "$ROOT/.venv-django/bin/python" -m pip install -q --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
   "$ROOT/.venv-django/bin/python" -m pip install -q -e "$ROOT[django,dev]" "django>=6" 2>&1 \
     | grep -v '^WARNING: Location' || true
-  "$ROOT/.venv-django/bin/python" -W ignore -c 'import django.tasks, pgq_supervisor, pytest' \
-    || { echo "error: installing the project into .venv-django failed" >&2; exit 1; }
-  touch "$DJ_STAMP"
+  # a failed install fails tests/acceptance/test_django6.py, not the whole suite
+  if "$ROOT/.venv-django/bin/python" -W ignore -c 'import django.tasks, pgq_supervisor, pytest'
+  then touch "$DJ_STAMP"
+  else echo "error: installing the project into .venv-django failed" >&2
+  fi
 fi
