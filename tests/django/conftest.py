@@ -39,6 +39,8 @@ def django_dsn(server_dsn: str) -> Iterator[str]:
     dsn = make_conninfo(server_dsn, dbname=name)
     done = manage(dsn, "migrate", "--no-input")
     assert done.returncode == 0, done.stderr
+    # Django is set up once per process: later modules' subprocesses need not inherit it
+    saved = {k: os.environ.get(k) for k in ("PGQ_DJANGO_DSN", "DJANGO_SETTINGS_MODULE")}
     os.environ["PGQ_DJANGO_DSN"] = dsn
     os.environ["DJANGO_SETTINGS_MODULE"] = "djproject.settings"
     sys.path.insert(0, str(PROJECT))
@@ -49,6 +51,12 @@ def django_dsn(server_dsn: str) -> Iterator[str]:
     from django.db import connections
 
     connections.close_all()
+    sys.path.remove(str(PROJECT))
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
     with psycopg.connect(server_dsn, autocommit=True) as admin:
         admin.execute(
             sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
