@@ -39,7 +39,7 @@ BACKEND_PATH = "pgq_supervisor.contrib.django.TaskBackend"
 TYPE_PREFIX = "django:"
 # what `manage.py pgq_worker` runs, and where it tells the worker module of the user's --app
 WORKER_APP = "pgq_supervisor.contrib.django.worker:registry"
-USER_APP_ENV = "PGQ_DJANGO_APP"
+USER_APP_ENV = "_PGQ_DJANGO_APP"  # no PGQ_ prefix: not a setting
 
 # Django has no "cancelled": a cancelled task failed (its errors say why, if it was running)
 STATUS = {

@@ -4,7 +4,7 @@ Importing it sets Django up (DJANGO_SETTINGS_MODULE from the environment, as man
 it) and imports every installed app's `tasks` module: the fork server imports it once, so the
 children begin with Django ready and the tasks' modules in shared pages. One handler per queue
 of each of our TASKS backends (job type `django:<queue>`) runs the task its payload names;
-the user's own `--app` (passed in PGQ_DJANGO_APP) adds its handlers beside them.
+the user's own `--app` (passed in _PGQ_DJANGO_APP) adds its handlers beside them.
 """
 
 from __future__ import annotations

@@ -58,8 +58,9 @@ class Command(BaseCommand):
             os.environ["PGQ_DSN"] = django_dsn(options_database(params))
         schema = options["db_schema"] or os.environ.get("PGQ_SCHEMA") or options_schema(params)
         os.environ["PGQ_SCHEMA"] = schema  # the children's tasks read it (takes_context)
-        if options["app"]:
-            os.environ[USER_APP_ENV] = options["app"]
+        # the user's own handlers (--app, else PGQ_APP) beside the tasks: our app is the one run
+        if user_app := options["app"] or os.environ.get("PGQ_APP"):
+            os.environ[USER_APP_ENV] = user_app
         argv = ["run", "--app", WORKER_APP, "--schema", schema]
         for flag, name in [("--dsn", "dsn"), ("--log-level", "log_level"),
                            ("--log-format", "log_format"), *cli.RUN_FLAGS.items()]:  # fmt: skip
