@@ -198,3 +198,21 @@ def test_each_failed_attempt_is_an_error_whose_class_imports(
     assert error is not None
     assert error.exception_class_path == path
     assert issubclass(error.exception_class, BaseException)
+
+
+def test_aenqueue_and_arefresh(django_dsn: str, worker: Path) -> None:
+    """The async API: Django's aenqueue/arefresh run ours in its sync thread."""
+    import asyncio
+    import time
+
+    from shop.tasks import add
+
+    async def run() -> object:
+        result = await add.aenqueue(20, 22)
+        deadline = time.monotonic() + 60
+        while not result.is_finished and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)  # polling the result, with a deadline
+            await result.arefresh()
+        return result.return_value
+
+    assert asyncio.run(run()) == 42
