@@ -13,7 +13,7 @@ import os
 from typing import cast
 
 import django
-from django.db import close_old_connections
+from django.db import close_old_connections, connections
 from django.utils.module_loading import autodiscover_modules, import_string
 from typing_extensions import TypedDict  # pydantic needs it before Python 3.12
 
@@ -94,3 +94,6 @@ def _registry() -> Registry:
 
 autodiscover_modules("tasks")
 registry = _registry()
+# The fork server imports this: a connection an app opened while importing would be shared by
+# every child forked after (one socket, many processes). Each child opens its own instead.
+connections.close_all()
