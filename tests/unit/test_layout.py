@@ -22,10 +22,6 @@ LONG_MODULES: dict[str, str] = {
         "one class, the Supervisor's selector loop, whose handlers share its state; moved as"
         " it was (521 lines), splitting it is a change of its own"
     ),
-    "worker/inflight.py": (
-        "one class, the InFlightWorker's asyncio loop and the threads it runs jobs on; moved"
-        " as it was (555 lines), splitting it is a change of its own"
-    ),
 }
 
 
