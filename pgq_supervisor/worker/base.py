@@ -11,7 +11,7 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
-from typing import Final, assert_never
+from typing import Final, TypedDict, Unpack, assert_never
 
 from setproctitle import setproctitle
 
@@ -93,25 +93,26 @@ def child_parts(spec: ChildSpec, registry: Registry) -> tuple[Heartbeat, Executo
     return heartbeat, executor, completer
 
 
+class Options(TypedDict, total=False):
+    """A worker's settings beyond its parts: a child sets `signals`, tests the rest."""
+
+    clock: Callable[[], float]  # time.monotonic: the slot's stamps are compared with it
+    error_backoff: Backoff | None  # after a database error
+    connect_backoff: Backoff | None  # between attempts to connect again
+    connect: Callable[[], db.Conn] | None  # the job connection, as the spec says
+    signals: ChildSignals | None  # the child's SIGTERM
+
+
 class BaseWorker:
     """What both loops share: the child's parts and connection, the pipe's messages, the one
     reconnect policy, reports, retiring, the title and leaving. A loop implements `run` and
     the hooks its messages need (`_woken`, `_cancel`, `_run_alone`); see sync.py, inflight.py."""
 
     def __init__(
-        self,
-        spec: ChildSpec,
-        registry: Registry,
-        pipe: Connection,
-        slot: JobSlot,
-        conn: db.Conn,
-        *,
-        clock: Callable[[], float] = time.monotonic,
-        error_backoff: Backoff | None = None,
-        connect_backoff: Backoff | None = None,
-        connect: Callable[[], db.Conn] | None = None,
-        signals: ChildSignals | None = None,
-    ) -> None:
+        self, spec: ChildSpec, registry: Registry, pipe: Connection, slot: JobSlot,
+        conn: db.Conn, **options: Unpack[Options],
+    ) -> None:  # fmt: skip
+        clock = options.get("clock", time.monotonic)
         self.spec = spec
         self.registry = registry
         self.pipe = pipe
@@ -121,11 +122,11 @@ class BaseWorker:
         self.heartbeat, self.executor, self.completer = child_parts(spec, registry)
         # errors that repeat (a schema not migrated, the database away) must not spin; reset
         # by a claim
-        self.error_backoff = error_backoff or Backoff(initial=0.1, maximum=5.0)
-        self.connect_backoff = connect_backoff or Backoff(initial=0.2, maximum=5.0)
+        self.error_backoff = options.get("error_backoff") or Backoff(initial=0.1, maximum=5.0)
+        self.connect_backoff = options.get("connect_backoff") or Backoff(initial=0.2, maximum=5.0)
         # the job connection, opened again after it is lost (a test points it elsewhere)
-        self.connect = connect or (lambda: connect_child(spec, "pgq-worker"))
-        self.signals = signals
+        self.connect = options.get("connect") or (lambda: connect_child(spec, "pgq-worker"))
+        self.signals = options.get("signals")
         self.stopping = False
         self.jobs_done = 0
         self.latencies: list[float] = []  # wake latencies since the last report

@@ -36,26 +36,22 @@ import contextlib
 import functools
 import logging
 import os
-import time
 from collections import deque
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Final
+from typing import Final, Unpack
 
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from pgq_supervisor import db
-from pgq_supervisor.backoff import Backoff
 from pgq_supervisor.errors import DatabaseError
 from pgq_supervisor.ipc import ChildSpec, Idle, JobSlot, Ready
 from pgq_supervisor.jobs import Job, JobId, LeaseToken
 from pgq_supervisor.registry import ClaimPolicy, Registry
-from pgq_supervisor.signals import ChildSignals
 from pgq_supervisor.worker import runs
 from pgq_supervisor.worker.admission import CLAIM_EVERY, Admission
-from pgq_supervisor.worker.base import REPORT_EVERY, BaseWorker
+from pgq_supervisor.worker.base import REPORT_EVERY, BaseWorker, Options
 from pgq_supervisor.worker.executor import Ran
 from pgq_supervisor.worker.runs import Committed, Lost, Settlement, TimedOut
 
@@ -84,23 +80,10 @@ class InFlightWorker(Admission, BaseWorker):
     loop base.BaseWorker."""
 
     def __init__(
-        self,
-        spec: ChildSpec,
-        registry: Registry,
-        pipe: Connection,
-        slot: JobSlot,
-        conn: db.Conn,
-        *,
-        clock: Callable[[], float] = time.monotonic,
-        error_backoff: Backoff | None = None,
-        connect_backoff: Backoff | None = None,
-        connect: Callable[[], db.Conn] | None = None,
-        signals: ChildSignals | None = None,
-    ) -> None:
-        super().__init__(
-            spec, registry, pipe, slot, conn, clock=clock, error_backoff=error_backoff,
-            connect_backoff=connect_backoff, connect=connect, signals=signals,
-        )  # fmt: skip
+        self, spec: ChildSpec, registry: Registry, pipe: Connection, slot: JobSlot,
+        conn: db.Conn, **options: Unpack[Options],
+    ) -> None:  # fmt: skip
+        super().__init__(spec, registry, pipe, slot, conn, **options)
         self.capacity = max(1, min(spec.concurrency, slot.capacity))
         # a type's own cap, where lower than the child's
         self.caps: dict[str, int] = {}

@@ -9,16 +9,14 @@ import os
 import socket
 import time
 from multiprocessing.connection import Connection, wait
-from typing import Final
+from typing import Final, Unpack
 
 from pgq_supervisor import db
-from pgq_supervisor.backoff import Backoff
 from pgq_supervisor.errors import DatabaseError
 from pgq_supervisor.ipc import ChildSpec, Idle, JobSlot, Ready
 from pgq_supervisor.jobs import Job
 from pgq_supervisor.registry import Registry
-from pgq_supervisor.signals import ChildSignals
-from pgq_supervisor.worker.base import REPORT_EVERY, BaseWorker
+from pgq_supervisor.worker.base import REPORT_EVERY, BaseWorker, Options
 from pgq_supervisor.worker.unstarted import Unstarted
 
 log = logging.getLogger(__name__)
@@ -30,21 +28,10 @@ CHECK_PIPE_EVERY: Final = 0.01
 
 class Worker(BaseWorker):
     def __init__(
-        self,
-        spec: ChildSpec,
-        registry: Registry,
-        pipe: Connection,
-        slot: JobSlot,
-        conn: db.Conn,
-        *,
-        error_backoff: Backoff | None = None,
-        connect_backoff: Backoff | None = None,
-        signals: ChildSignals | None = None,
-    ) -> None:
-        super().__init__(
-            spec, registry, pipe, slot, conn,
-            error_backoff=error_backoff, connect_backoff=connect_backoff, signals=signals,
-        )  # fmt: skip
+        self, spec: ChildSpec, registry: Registry, pipe: Connection, slot: JobSlot,
+        conn: db.Conn, **options: Unpack[Options],
+    ) -> None:  # fmt: skip
+        super().__init__(spec, registry, pipe, slot, conn, **options)
         self.claim_policy = registry.claim_policy(spec.types)
         # the batch's jobs not started: when the job in hand runs long, the heartbeat thread
         # gives them back and writes the successes buffered before it (unstarted.py)
@@ -54,8 +41,8 @@ class Worker(BaseWorker):
         self.last_pipe_check = 0.0
         # what an idle or backing-off child waits on: a SIGTERM's wake-up byte as well
         self.wait_on: list[Connection | socket.socket] = [pipe]
-        if signals is not None and signals.reader is not None:
-            self.wait_on.append(signals.reader)
+        if self.signals is not None and self.signals.reader is not None:
+            self.wait_on.append(self.signals.reader)
 
     def run(self) -> None:
         """Claim → run the batch → settle → report, or idle until woken; until told to stop."""

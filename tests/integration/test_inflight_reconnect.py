@@ -136,22 +136,6 @@ def test_many_in_flight_reconnects_after_an_outage_and_runs_every_job_once(
         assert count_rows(conn, where="attempts <> '[]'") == 0  # each ran once
 
 
-def test_stop_wakes_a_worker_from_its_error_backoff(
-    dsn: str, gate: Callable[[bool], None], caplog: pytest.LogCaptureFixture
-) -> None:
-    caplog.set_level(logging.INFO)
-    long_wait = Backoff(initial=60.0, maximum=60.0)
-    with _worker(dsn, error_backoff=long_wait) as (pipe, thread):
-        gate(False)
-        pipe.send(Wake(time.monotonic()))
-        until(lambda: _logged(caplog, "database error"), "a failed claim")
-        stopped_at = time.monotonic()
-        pipe.send(Stop())
-        thread.join(DEADLINE)
-        assert not thread.is_alive()
-        assert time.monotonic() - stopped_at < 10, "the 60 s backoff ignored the Stop"
-
-
 @pytest.fixture
 def refused_dsn(dsn: str) -> Iterator[str]:
     """The test database's DSN on a local port that refuses connections (bound, not listening)."""
@@ -199,25 +183,26 @@ def test_a_lost_connection_is_retried_with_the_backoff_until_it_connects(
     assert count_rows(conn, where="attempts <> '[]'") == 0  # each ran once
 
 
-def test_stop_wakes_a_worker_from_its_reconnect_backoff(
-    server_dsn: str, dsn: str, refused_dsn: str, caplog: pytest.LogCaptureFixture
+@pytest.mark.parametrize("long", ["error_backoff", "connect_backoff"])
+def test_stop_wakes_a_worker_from_its_backoff(
+    long: str, server_dsn: str, dsn: str, refused_dsn: str, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """A Stop ends the 60 s sleep after a database error, or between reconnect attempts."""
     caplog.set_level(logging.INFO)
-    long_wait = Backoff(initial=60.0, maximum=60.0)
-    fast = Backoff(initial=0.01, maximum=0.01)
+    backoffs = {"error_backoff": Backoff(initial=0.01, maximum=0.01)} | {
+        long: Backoff(initial=60.0, maximum=60.0)
+    }
 
     def connect() -> Conn:
         return connect_child(_spec(refused_dsn), "pgq-worker")
 
-    with _worker(dsn, error_backoff=fast, connect_backoff=long_wait, connect=connect) as (
-        pipe,
-        thread,
-    ):
+    with _worker(dsn, connect=connect, **backoffs) as (pipe, thread):
         _cut_job_connection(server_dsn, dsn)
         pipe.send(Wake(time.monotonic()))
-        until(lambda: _logged(caplog, "next try in"), "a failed reconnect")
+        waiting = "database error" if long == "error_backoff" else "next try in"
+        until(lambda: _logged(caplog, waiting), f"a {long} sleep")
         stopped_at = time.monotonic()
         pipe.send(Stop())
         thread.join(DEADLINE)
         assert not thread.is_alive()
-        assert time.monotonic() - stopped_at < 10, "the 60 s reconnect backoff ignored the Stop"
+        assert time.monotonic() - stopped_at < 10, f"the 60 s {long} ignored the Stop"
