@@ -112,13 +112,12 @@ class BaseWorker:
         self, spec: ChildSpec, registry: Registry, pipe: Connection, slot: JobSlot,
         conn: db.Conn, **options: Unpack[Options],
     ) -> None:  # fmt: skip
-        clock = options.get("clock", time.monotonic)
         self.spec = spec
         self.registry = registry
         self.pipe = pipe
         self.slot = slot
         self.conn = conn
-        self.clock = clock
+        self.clock = options.get("clock", time.monotonic)
         self.heartbeat, self.executor, self.completer = child_parts(spec, registry)
         # errors that repeat (a schema not migrated, the database away) must not spin; reset
         # by a claim
@@ -131,7 +130,7 @@ class BaseWorker:
         self.jobs_done = 0
         self.latencies: list[float] = []  # wake latencies since the last report
         self.woken_at: float | None = None  # when the Wake we have not claimed for was sent
-        self.last_report = clock()
+        self.last_report = self.clock()
         self.title = ""
 
     # ---- the pipe ----
