@@ -27,6 +27,8 @@ CHECK_PIPE_EVERY: Final = 0.01
 
 
 class Worker(BaseWorker):
+    """The child's loop when it runs one job at a time (see the module docstring)."""
+
     def __init__(
         self, spec: ChildSpec, registry: Registry, pipe: Connection, slot: JobSlot,
         conn: db.Conn, **options: Unpack[Options],
