@@ -24,7 +24,8 @@ and it stops the children). SIGTERM is a stop, as Stop is, and the child tells t
 leaves (Retiring): the handler only records it and wakes the loop (signals.ChildSignals), the
 job in hand runs to its end.
 
-Modules: main.py (child_main: boot, then one of the two workers), sync.py (Worker, one job at a
-time), inflight.py (InFlightWorker, many jobs in flight), base.py (what both run jobs with),
-executor.py, completion.py, heartbeat.py, runs.py, progress.py. ChildSpec is in ipc.py.
+Modules: main.py (child_main: boot, then one of the two workers), base.py (BaseWorker: what
+both loops share, and what they run jobs with), sync.py (Worker, one job at a time),
+inflight.py (InFlightWorker, many jobs in flight) and admission.py (what it may claim and
+start), executor.py, completion.py, heartbeat.py, runs.py, progress.py. ChildSpec is in ipc.py.
 """

@@ -1,17 +1,35 @@
 """What every child runs jobs with, whichever worker it is (sync.Worker,
 inflight.InFlightWorker): its heartbeat, executor and completer, its connections, its
-RSS. Both workers import it; it imports neither."""
+RSS; and BaseWorker, what both loops share (the pipe's messages, reconnecting, reports,
+retiring, leaving). Both workers import it; it imports neither."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
 import os
+import time
+from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
-from typing import Final
+from typing import Final, TypedDict, Unpack, assert_never
+
+from setproctitle import setproctitle
 
 from pgq_supervisor import db
-from pgq_supervisor.ipc import ChildSpec, Retiring
+from pgq_supervisor.backoff import Backoff
+from pgq_supervisor.errors import DatabaseError
+from pgq_supervisor.ipc import (
+    CancelJob,
+    ChildSpec,
+    JobSlot,
+    Report,
+    Retiring,
+    RunAlone,
+    Stop,
+    ToChild,
+    Wake,
+)
+from pgq_supervisor.jobs import JobId
 from pgq_supervisor.registry import Registry
 from pgq_supervisor.signals import ChildSignals
 from pgq_supervisor.worker.completion import Completer
@@ -73,3 +91,164 @@ def child_parts(spec: ChildSpec, registry: Registry) -> tuple[Heartbeat, Executo
         spec.schema, spec.worker_id, heartbeat=heartbeat, flush_every=REPORT_EVERY
     )
     return heartbeat, executor, completer
+
+
+class Options(TypedDict, total=False):
+    """A worker's settings beyond its parts: a child sets `signals`, tests the rest."""
+
+    clock: Callable[[], float]  # time.monotonic: the slot's stamps are compared with it
+    error_backoff: Backoff | None  # after a database error
+    connect_backoff: Backoff | None  # between attempts to connect again
+    connect: Callable[[], db.Conn] | None  # the job connection, as the spec says
+    signals: ChildSignals | None  # the child's SIGTERM
+
+
+class BaseWorker:
+    """What both loops share: the child's parts and connection, the pipe's messages, the one
+    reconnect policy, reports, retiring, the title and leaving. A loop implements `run` and
+    the hooks its messages need (`_woken`, `_cancel`, `_run_alone`); see sync.py, inflight.py."""
+
+    def __init__(
+        self, spec: ChildSpec, registry: Registry, pipe: Connection, slot: JobSlot,
+        conn: db.Conn, **options: Unpack[Options],
+    ) -> None:  # fmt: skip
+        self.spec = spec
+        self.registry = registry
+        self.pipe = pipe
+        self.slot = slot
+        self.conn = conn
+        self.clock = options.get("clock", time.monotonic)
+        self.heartbeat, self.executor, self.completer = child_parts(spec, registry)
+        # errors that repeat (a schema not migrated, the database away) must not spin; reset
+        # by a claim
+        self.error_backoff = options.get("error_backoff") or Backoff(initial=0.1, maximum=5.0)
+        self.connect_backoff = options.get("connect_backoff") or Backoff(initial=0.2, maximum=5.0)
+        # the job connection, opened again after it is lost (a test points it elsewhere)
+        self.connect = options.get("connect") or (lambda: connect_child(spec, "pgq-worker"))
+        self.signals = options.get("signals")
+        self.stopping = False
+        self.jobs_done = 0
+        self.latencies: list[float] = []  # wake latencies since the last report
+        self.woken_at: float | None = None  # when the Wake we have not claimed for was sent
+        self.last_report = self.clock()
+        self.title = ""
+
+    # ---- the pipe ----
+
+    def _handle(self, msg: ToChild) -> None:
+        match msg:
+            case Wake(sent_at):
+                self._woken(sent_at)
+            case Stop():
+                self.stopping = True
+            case CancelJob(job_id):
+                self._cancel(job_id)
+            case RunAlone():
+                self._run_alone(msg.job_ids())
+            case _:
+                assert_never(msg)
+
+    def _woken(self, sent_at: float) -> None:
+        self.woken_at = sent_at
+
+    def _cancel(self, job_id: JobId) -> None:
+        """One job only: the supervisor kills the child for a cancelled job in hand."""
+
+    def _run_alone(self, job_ids: list[JobId]) -> None:
+        """One job only: every job runs alone."""
+
+    def _read_pipe_messages(self) -> bool:
+        """Handle what the supervisor sent; False when it is gone (then the child stops)."""
+        try:
+            while self.pipe.poll(0):
+                self._handle(self.pipe.recv())
+        except (EOFError, OSError):
+            if not self.stopping:
+                log.info("worker %s: the supervisor is gone; finishing", self.spec.worker_id)
+            self.stopping = True
+            return False
+        return True
+
+    def _take_sigterm(self) -> None:
+        self.stopping |= stop_on_sigterm(
+            self.signals, self.pipe, self.spec.worker_id, self.stopping
+        )
+
+    # ---- the database ----
+
+    def _recovering(self, exc: DatabaseError) -> Iterator[float]:
+        """The one policy after a database error, for both loops: back off; if the connection
+        is gone, connect again with the jittered backoff until connected or told to stop; then
+        let the completer write its buffer, or forget it (those jobs run again). Yields each
+        wait: the loop sleeps it its own way, waking for a Stop or a SIGTERM."""
+        log.warning("worker %s database error: %s", self.spec.worker_id, exc)
+        yield self.error_backoff.failed()
+        if self.conn.closed or self.conn.broken:
+            self.conn.close()
+            while not self.stopping:
+                try:
+                    self.conn = self.connect()
+                except DatabaseError as again:
+                    delay = self.connect_backoff.failed()
+                    log.info(
+                        "worker %s cannot connect, next try in %.2f s: %s",
+                        self.spec.worker_id, delay, again,
+                    )  # fmt: skip
+                    yield delay
+                    continue
+                self.connect_backoff.succeeded()
+                log.info("worker %s reconnected", self.spec.worker_id)
+                break
+        self.completer.recover(self.conn)
+
+    # ---- reporting, retiring and leaving ----
+
+    def _set_title(self, what: str) -> None:
+        title = f"pgq-worker[{self.spec.index}] {what}"
+        if title != self.title:
+            self.title = title
+            setproctitle(title)
+
+    def _measure_wake(self) -> None:
+        """A claim found jobs: how long since the Wake that asked for it."""
+        if self.woken_at is not None:
+            self.latencies.append(self.clock() - self.woken_at)
+            self.woken_at = None
+
+    def _report(self) -> None:
+        outcomes = self.completer.take_outcomes()
+        latencies, self.latencies = self.latencies, []
+        self.last_report = self.clock()
+        if outcomes or latencies:
+            self.pipe.send(
+                Report(tuple((o.job.type, o.kind, o.duration) for o in outcomes), tuple(latencies))
+            )
+
+    def _retire_if_due(self) -> None:
+        """max_jobs_per_child or max_memory_per_child reached: say so, and stop."""
+        if self.stopping:
+            return
+        reason = None
+        if self.spec.max_jobs is not None and self.jobs_done >= self.spec.max_jobs:
+            reason = f"ran {self.jobs_done} jobs (max_jobs_per_child={self.spec.max_jobs})"
+        elif self.spec.max_memory_mb is not None and (rss := rss_mb()) > self.spec.max_memory_mb:
+            reason = f"RSS {rss:.0f} MiB > max_memory_per_child={self.spec.max_memory_mb} MiB"
+        if reason:
+            log.info("worker %s retiring: %s", self.spec.worker_id, reason)
+            with contextlib.suppress(OSError):
+                self.pipe.send(Retiring(reason))
+            self.stopping = True
+
+    def _exit(self) -> None:
+        """Successes waiting for a claim that will not come are written now; then the last
+        report, and the connections close."""
+        try:
+            self.completer.flush(self.conn)
+        except DatabaseError as exc:
+            n = self.completer.buffered
+            log.warning("could not write %d successes before exit: %s", n, exc)
+        # the supervisor may be gone; then nobody is left to report to
+        with contextlib.suppress(OSError):
+            self._report()
+        self.heartbeat.stop()
+        self.conn.close()

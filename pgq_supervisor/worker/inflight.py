@@ -11,10 +11,8 @@ The loop claims when enough slots are free (a quarter of them, or any after CLAI
 `claim_batch` at a time, and no more than the jobs left to start before `max_jobs`; the
 successes buffered since ride on the claim, as in sync.py. A claim that finds nothing sends
 Idle: the child then claims again only when woken (the supervisor wakes children with free
-capacity), while its jobs in flight run on. A type's own `concurrency` cap leaves the type out
-of the next claim while it is full, and a claim of capped types only takes what their caps have
-room for. Jobs claimed beyond a cap (by a claim that also took other types) wait here, held and
-heart-beaten, for `release_unstarted_after` at most: then they go back for another child.
+capacity), while its jobs in flight run on. Type caps, RunAlone and the jobs claimed but not
+started yet: admission.py.
 
 Handlers that take `conn` get a connection of a per-child pool (psycopg_pool: an async one for
 async handlers, a sync one for threads, `concurrency` connections at most, opened on first use):
@@ -25,13 +23,10 @@ slot gives the supervisor ASYNC_GRACE more before it kills the child (a handler 
 the cancellation). A job in a thread cannot be cancelled: its slot entry has no grace, and the
 supervisor kills the child at the timeout (the other jobs go back without an attempt).
 
-Jobs named by RunAlone (released from the death of a child that held several, verdicts.py) run
-with nothing else in flight: the child stops starting and claiming until its jobs in flight are
-done, then runs that job by itself.
-
 Stop, a SIGTERM (signals.ChildSignals: its wake-up socket is a reader of the loop; it never
 reaches a job's task or thread) or the supervisor gone: claimed jobs not started go back, jobs
-in flight finish, exit.
+in flight finish, exit. A database error backs off, then reconnects as base.BaseWorker says
+(until connected or told to stop), jobs in flight running on meanwhile.
 """
 
 from __future__ import annotations
@@ -41,50 +36,27 @@ import contextlib
 import functools
 import logging
 import os
-import time
 from collections import deque
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Final
+from typing import Final, Unpack
 
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
-from setproctitle import setproctitle
 
 from pgq_supervisor import db
-from pgq_supervisor.backoff import Backoff
 from pgq_supervisor.errors import DatabaseError
-from pgq_supervisor.ipc import (
-    CancelJob,
-    ChildSpec,
-    Idle,
-    JobSlot,
-    Ready,
-    Report,
-    Retiring,
-    RunAlone,
-    RunAloneSet,
-    Stop,
-    Wake,
-)
+from pgq_supervisor.ipc import ChildSpec, Idle, JobSlot, Ready, RunAloneSet
 from pgq_supervisor.jobs import Job, JobId, LeaseToken
 from pgq_supervisor.registry import ClaimPolicy, Registry
-from pgq_supervisor.signals import ChildSignals
 from pgq_supervisor.worker import runs
-from pgq_supervisor.worker.base import (
-    REPORT_EVERY,
-    child_parts,
-    connect_child,
-    rss_mb,
-    stop_on_sigterm,
-)
+from pgq_supervisor.worker.admission import CLAIM_EVERY, Admission
+from pgq_supervisor.worker.base import REPORT_EVERY, BaseWorker, Options
 from pgq_supervisor.worker.executor import Ran
 from pgq_supervisor.worker.runs import Committed, Lost, Settlement, TimedOut
 
 log = logging.getLogger(__name__)
 
-CLAIM_EVERY: Final = 0.01  # with any slot free, claim at least this often
 ASYNC_GRACE: Final = 2.0  # a cancelled async job must end within this, or the child is killed
 
 
@@ -102,31 +74,17 @@ def uses_loop(spec: ChildSpec, registry: Registry) -> bool:
     return any((h := registry.handlers.get(t)) is not None and h.is_async for t in spec.types)
 
 
-class InFlightWorker:
-    """The child's loop when it may hold many jobs at once (see the module docstring)."""
+class InFlightWorker(Admission, BaseWorker):
+    """The child's loop when it may hold many jobs at once (see the module docstring); what
+    it may claim and start is admission.Admission, what it shares with the one-at-a-time
+    loop base.BaseWorker."""
 
     def __init__(
-        self,
-        spec: ChildSpec,
-        registry: Registry,
-        pipe: Connection,
-        slot: JobSlot,
-        conn: db.Conn,
-        *,
-        clock: Callable[[], float] = time.monotonic,
-        error_backoff: Backoff | None = None,
-        signals: ChildSignals | None = None,
-    ) -> None:
-        self.spec = spec
-        self.registry = registry
-        self.pipe = pipe
-        self.slot = slot
-        self.conn = conn
-        self.clock = clock
+        self, spec: ChildSpec, registry: Registry, pipe: Connection, slot: JobSlot,
+        conn: db.Conn, **options: Unpack[Options],
+    ) -> None:  # fmt: skip
+        super().__init__(spec, registry, pipe, slot, conn, **options)
         self.capacity = max(1, min(spec.concurrency, slot.capacity))
-        self.heartbeat, self.executor, self.completer = child_parts(spec, registry)
-        # errors that repeat (the database away) must not spin; reset by a claim
-        self.error_backoff = error_backoff or Backoff(initial=0.1, maximum=5.0)
         # a type's own cap, where lower than the child's
         self.caps: dict[str, int] = {}
         for t in spec.types:
@@ -146,17 +104,10 @@ class InFlightWorker:
         self.threads: ThreadPoolExecutor | None = None
         self.apool: AsyncConnectionPool | None = None
         self.spool: ConnectionPool | None = None
-        self.stopping = False
         self.idle = False  # the last claim found nothing: wait for a Wake
         self.found_none_of: tuple[str, ...] | None = None  # a capped claim's types, found empty
-        self.jobs_done = 0
         self.last_claim = 0.0
-        self.last_report = clock()
-        self.latencies: list[float] = []
-        self.woken_at: float | None = None
         self.changed: asyncio.Event | None = None
-        self.title = ""
-        self.signals = signals
 
     # ---- the loop ----
 
@@ -249,58 +200,6 @@ class InFlightWorker:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.changed.wait(), wait)
 
-    # ---- capacity ----
-
-    def _free(self) -> int:
-        """Slots a claim may fill: none past the jobs left to start before max_jobs."""
-        free = self.capacity - len(self.running) - len(self.queued)
-        if self.spec.max_jobs is not None:
-            free = min(free, self.spec.max_jobs - self.started - len(self.queued))
-        return free
-
-    def _claim_due(self) -> bool:
-        if self.alone is not None or (
-            self.run_alone and any(j.id in self.run_alone for j in self.queued)
-        ):
-            return False  # a job waits to run alone: let the others drain
-        free = self._free()
-        if free <= 0:
-            return False
-        return (
-            free >= max(1, self.capacity // 4)
-            or not self.running
-            or self.clock() - self.last_claim >= CLAIM_EVERY
-        )
-
-    def _held(self) -> dict[str, int]:
-        """Jobs held per type: in flight or queued."""
-        held = dict(self.per_type)
-        for job in self.queued:
-            held[job.type] = held.get(job.type, 0) + 1
-        return held
-
-    def _claim_policy(self) -> ClaimPolicy | None:
-        """The types a claim may take now: those below their cap (None: none are)."""
-        if not self.caps:
-            types = self.spec.types
-        else:
-            held = self._held()
-            types = tuple(t for t in self.spec.types if held.get(t, 0) < self.caps.get(t, 1 << 30))
-            if not types:
-                return None
-        policy = self.policies.get(types)
-        if policy is None:
-            policy = self.policies[types] = self.registry.claim_policy(types)
-        return policy
-
-    def _cap_room(self, types: tuple[str, ...]) -> int | None:
-        """When every type of a claim is capped, the jobs their caps have room for: no more
-        are claimed, or they would wait here behind the jobs in flight (None: no bound)."""
-        if not self.caps or any(t not in self.caps for t in types):
-            return None
-        held = self._held()
-        return sum(max(0, self.caps[t] - held.get(t, 0)) for t in types)
-
     async def _claim(self) -> bool:
         """Claim up to the free slots; False after a database error (dealt with)."""
         self._poll_pipe()  # a RunAlone sent before a release must be known before we claim
@@ -332,9 +231,7 @@ class InFlightWorker:
             self.pipe.send(Idle())
             self._report()
             return True
-        if self.woken_at is not None:
-            self.latencies.append(self.clock() - self.woken_at)
-            self.woken_at = None
+        self._measure_wake()
         # the supervisor sends RunAlone before it releases a shared death's jobs: one this
         # claim took is named in the pipe by now
         self._poll_pipe()
@@ -343,59 +240,6 @@ class InFlightWorker:
         if self.queued:
             self.claimed_at[jobs[0].lease] = self.last_claim
         return True
-
-    def _start_queued(self) -> None:
-        if not self.queued or self.alone is not None:
-            return
-        kept: deque[Job] = deque()
-        while self.queued:
-            job = self.queued.popleft()
-            if job.id in self.run_alone:
-                if self.running:
-                    kept.append(job)
-                    kept.extend(self.queued)  # nothing else starts before it
-                    self.queued.clear()
-                    break
-                self.alone = job.id
-                log.info("job id=%s runs alone (released from a shared death)", job.id)
-                self._start(job)
-                kept.extend(self.queued)
-                self.queued.clear()
-                break
-            cap = self.caps.get(job.type)
-            if cap is not None and self.per_type.get(job.type, 0) >= cap:
-                kept.append(job)
-                continue
-            self._start(job)
-        self.queued = kept
-
-    def _release_waiting(self) -> float | None:
-        """Queued jobs that have waited `release_unstarted_after` since their claim go back
-        (for another child to run), but for one waiting to run alone: it waits for the jobs in
-        flight by design. Returns the seconds until the next is due (None: none waits)."""
-        if not self.queued:
-            self.claimed_at.clear()
-            return None
-        now = self.clock()
-        after = self.spec.release_unstarted_after
-        due: list[Job] = []
-        kept: deque[Job] = deque()
-        next_in: float | None = None
-        for job in self.queued:
-            left = self.claimed_at.get(job.lease, now) + after - now
-            if left <= 0 and job.id not in self.run_alone:
-                due.append(job)
-                continue
-            kept.append(job)
-            if job.id not in self.run_alone:
-                next_in = left if next_in is None else min(next_in, left)
-        if due:
-            self.queued = kept
-            self._release(due)
-        if len(self.claimed_at) > len(self.queued):  # claims none of whose jobs wait now
-            leases = {j.lease for j in self.queued}
-            self.claimed_at = {k: v for k, v in self.claimed_at.items() if k in leases}
-        return next_in
 
     # ---- running ----
 
@@ -511,109 +355,47 @@ class InFlightWorker:
             self.changed.set()
 
     def _read_signals(self) -> None:
-        if stop_on_sigterm(self.signals, self.pipe, self.spec.worker_id, self.stopping):
-            self.stopping = True
+        self._take_sigterm()
         if self.changed is not None:
             self.changed.set()
 
     def _poll_pipe(self) -> None:
-        try:
-            while self.pipe.poll(0):
-                self._handle(self.pipe.recv())
-        except (EOFError, OSError):
-            if not self.stopping:
-                log.info("worker %s: the supervisor is gone; finishing", self.spec.worker_id)
-            self.stopping = True
+        if not self._read_pipe_messages():  # EOF: the reader would fire at every turn
             with contextlib.suppress(ValueError, OSError):
                 asyncio.get_running_loop().remove_reader(self.pipe.fileno())
 
-    def _handle(self, msg: object) -> None:
-        if isinstance(msg, Wake):
-            self.idle = False
-            self.found_none_of = None
-            self.woken_at = msg.sent_at
-        elif isinstance(msg, Stop):
-            self.stopping = True
-        elif isinstance(msg, CancelJob):
-            flight = self.running.get(msg.job_id)
-            # a thread cannot be cancelled: the supervisor kills the child for such a job
-            if flight is not None and isinstance(flight.task, asyncio.Task):
-                flight.task.cancel()
-        elif isinstance(msg, RunAlone):
-            self.run_alone.add(msg.job_ids())
+    def _woken(self, sent_at: float) -> None:
+        self.idle = False
+        self.found_none_of = None
+        self.woken_at = sent_at
+
+    def _cancel(self, job_id: JobId) -> None:
+        flight = self.running.get(job_id)
+        # a thread cannot be cancelled: the supervisor kills the child for such a job
+        if flight is not None and isinstance(flight.task, asyncio.Task):
+            flight.task.cancel()
 
     # ---- reporting and leaving ----
 
-    def _set_title(self) -> None:
-        n = len(self.running)
-        title = f"pgq-worker[{self.spec.index}] " + (
-            "idle" if n == 0 and self.idle else f"{n}/{self.capacity} in flight"
-        )
-        if title != self.title:
-            self.title = title
-            setproctitle(title)
-
     def _report(self) -> None:
-        self._set_title()
-        outcomes = self.completer.take_outcomes()
-        if outcomes or self.latencies:
-            with contextlib.suppress(OSError):
-                self.pipe.send(
-                    Report(
-                        tuple((o.job.type, o.kind, o.duration) for o in outcomes),
-                        tuple(self.latencies),
-                    )
-                )
-            self.latencies = []
-        self.last_report = self.clock()
-
-    def _retire_if_due(self) -> None:
-        if self.stopping:
-            return
-        reason = None
-        if self.spec.max_jobs is not None and self.jobs_done >= self.spec.max_jobs:
-            reason = f"ran {self.jobs_done} jobs (max_jobs_per_child={self.spec.max_jobs})"
-        elif self.spec.max_memory_mb is not None and (rss := rss_mb()) > self.spec.max_memory_mb:
-            reason = f"RSS {rss:.0f} MiB > max_memory_per_child={self.spec.max_memory_mb} MiB"
-        if reason:
-            log.info("worker %s retiring: %s", self.spec.worker_id, reason)
-            with contextlib.suppress(OSError):
-                self.pipe.send(Retiring(reason))
-            self.stopping = True
-
-    def _release(self, jobs: list[Job]) -> None:
-        """Claimed but never started: back to pending without an attempt (by lease)."""
-        by_lease: dict[object, list[Job]] = {}
-        for job in jobs:
-            by_lease.setdefault(job.lease, []).append(job)
-        for group in by_lease.values():
-            self.completer.release(self.conn, group)
+        n = len(self.running)
+        self._set_title("idle" if n == 0 and self.idle else f"{n}/{self.capacity} in flight")
+        with contextlib.suppress(OSError):
+            super()._report()
 
     def _exit(self) -> None:
         self._release(list(self.queued))
         self.queued.clear()
-        try:
-            self.completer.flush(self.conn)
-        except DatabaseError as exc:
-            log.warning(
-                "could not write %d successes before exit: %s", self.completer.buffered, exc
-            )
-        with contextlib.suppress(OSError):
-            self._report()
+        super()._exit()
         if self.threads is not None:
             self.threads.shutdown(wait=False, cancel_futures=True)
         if self.spool is not None:
             self.spool.close()
-        self.heartbeat.stop()
-        self.conn.close()
 
     # ---- the database ----
 
-    def _connect(self, application_name: str) -> db.Conn:
-        return connect_child(self.spec, application_name)
-
     async def _sleep_unless_stopped(self, seconds: float) -> None:
-        """Sleep, jobs running on, but wake for a Stop from the supervisor."""
+        """Sleep, jobs running on, but wake for a Stop from the supervisor or a SIGTERM."""
         assert self.changed is not None
         deadline = self.clock() + seconds
         while not self.stopping and (left := deadline - self.clock()) > 0:
@@ -622,16 +404,5 @@ class InFlightWorker:
                 await asyncio.wait_for(self.changed.wait(), left)
 
     async def _database_error(self, exc: DatabaseError) -> None:
-        """Back off (still handling messages), reconnect if the connection is gone, then let
-        the completer write its buffer or forget it (those jobs run again)."""
-        log.warning("worker %s database error: %s", self.spec.worker_id, exc)
-        await self._sleep_unless_stopped(self.error_backoff.failed())
-        if self.conn.closed or self.conn.broken:
-            self.conn.close()
-            try:
-                self.conn = self._connect("pgq-worker")
-                log.info("worker %s reconnected", self.spec.worker_id)
-            except DatabaseError as again:
-                log.info("worker %s cannot connect: %s", self.spec.worker_id, again)
-                return
-        self.completer.recover(self.conn)
+        for seconds in self._recovering(exc):
+            await self._sleep_unless_stopped(seconds)
