@@ -8,7 +8,7 @@ import psycopg
 import pytest
 
 from tests.acceptance.apps.pgq_test_app import EFFECTS_DDL
-from tests.acceptance.helpers import Supervisor
+from tests.support.processes import Supervisor
 
 Conn = psycopg.Connection[tuple[object, ...]]
 

@@ -12,7 +12,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from tests.acceptance.helpers import ROOT, wait_for
+from tests.support.processes import ROOT
+from tests.support.waiting import wait_for
 
 
 def free_port() -> int:

@@ -23,7 +23,7 @@ from pathlib import Path
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from tests.acceptance.helpers import wait_for
+from tests.support.waiting import wait_for
 
 
 def binary() -> str | None:

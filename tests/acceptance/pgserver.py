@@ -14,7 +14,7 @@ from types import TracebackType
 
 import psycopg
 
-from tests.acceptance.helpers import count_query
+from tests.support.processes import count_query
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")

@@ -16,8 +16,9 @@ import time
 
 import pgq_supervisor as pgq
 from tests.acceptance.conftest import Conn
-from tests.acceptance.helpers import FAST, Supervisor, count, wait_for
 from tests.property.invariants import violations
+from tests.support.processes import FAST, Supervisor, count
+from tests.support.waiting import wait_for
 
 BUNDLES = 20
 PER_BUNDLE = 100

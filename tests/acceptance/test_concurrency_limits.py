@@ -11,7 +11,8 @@ import psycopg
 
 import pgq_supervisor as pgq
 from tests.acceptance.conftest import Conn
-from tests.acceptance.helpers import Supervisor, count, run_cli, wait_for
+from tests.support.processes import Supervisor, count, run_cli
+from tests.support.waiting import wait_for
 
 APP = "pgq_limits_app:registry"
 # The 300 jobs and 10 keys x 20, with short jobs to keep the suite fast: the limit is

@@ -12,7 +12,7 @@ import pytest
 
 from tests.acceptance.conftest import Conn
 from tests.acceptance.dashboard import Dashboard, free_port
-from tests.acceptance.helpers import run_cli
+from tests.support.processes import run_cli
 
 CREDENTIALS = {"PGQ_DASHBOARD_USER": "oncall", "PGQ_DASHBOARD_PASSWORD": "s3cret"}
 

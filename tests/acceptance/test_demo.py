@@ -11,7 +11,7 @@ from pathlib import Path
 
 import psycopg
 
-from tests.acceptance.helpers import wait_for
+from tests.support.waiting import wait_for
 
 LOG_RECORD = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} ", re.MULTILINE)
 SUMMARY_ROW = re.compile(r"^(demo\.\S+)\s+(\w+)\s+(\d+)\s+(\S+)\s+(\d+)$")

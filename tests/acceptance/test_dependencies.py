@@ -6,7 +6,8 @@ from __future__ import annotations
 import pgq_supervisor as pgq
 from pgq_supervisor.jobs import JsonValue
 from tests.acceptance.conftest import Conn
-from tests.acceptance.helpers import APP, FAST, Supervisor, count, wait_for
+from tests.support.processes import APP, FAST, Supervisor, count
+from tests.support.waiting import wait_for
 
 
 def test_diamonds_run_in_order_and_failures_cancel_or_run_dependents(

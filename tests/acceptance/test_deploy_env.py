@@ -16,8 +16,9 @@ import yaml
 
 import pgq_supervisor as pgq
 from tests.acceptance.conftest import Conn
-from tests.acceptance.helpers import APP, ROOT, Supervisor, count, wait_for
 from tests.acceptance.scrape import free_port, get
+from tests.support.processes import APP, ROOT, Supervisor, count
+from tests.support.waiting import wait_for
 
 
 def _deployment_env() -> dict[str, str]:

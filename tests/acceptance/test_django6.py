@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 
-from tests.acceptance.helpers import ROOT
+from tests.support.processes import ROOT
 
 PYTHON = ROOT / ".venv-django" / "bin" / "python"
 

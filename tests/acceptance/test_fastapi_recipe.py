@@ -13,7 +13,8 @@ import psycopg
 import pytest
 
 from tests.acceptance.dashboard import Served
-from tests.acceptance.helpers import Supervisor, wait_for
+from tests.support.processes import Supervisor
+from tests.support.waiting import wait_for
 
 
 class Uvicorn(Served):

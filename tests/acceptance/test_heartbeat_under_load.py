@@ -15,8 +15,9 @@ import pytest
 
 import pgq_supervisor as pgq
 from tests.acceptance.conftest import Conn
-from tests.acceptance.helpers import APP, Supervisor, count, wait_for
-from tests.integration.support import deadlocks
+from tests.support.db import deadlocks
+from tests.support.processes import APP, Supervisor, count
+from tests.support.waiting import wait_for
 
 
 def others_connected(db: Conn) -> int:

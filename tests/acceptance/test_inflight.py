@@ -9,7 +9,8 @@ import signal
 
 import pgq_supervisor as pgq
 from tests.acceptance.conftest import Conn
-from tests.acceptance.helpers import FAST, Supervisor, run_cli, wait_for
+from tests.support.processes import FAST, Supervisor, run_cli
+from tests.support.waiting import wait_for
 
 APP = "pgq_async_app:registry"
 

@@ -9,7 +9,8 @@ import subprocess
 
 import pgq_supervisor as pgq
 from tests.acceptance.conftest import Conn
-from tests.acceptance.helpers import APP, FAST, Supervisor, count, wait_for
+from tests.support.processes import APP, FAST, Supervisor, count
+from tests.support.waiting import wait_for
 
 
 def _titles() -> dict[int, str]:

@@ -9,8 +9,9 @@ from datetime import timedelta
 import pgq_supervisor as pgq
 from pgq_supervisor import db as pgq_db
 from tests.acceptance.conftest import Conn
-from tests.acceptance.helpers import APP, FAST, Supervisor, count, wait_for
 from tests.acceptance.scrape import Samples, free_port, get, metric, scrape
+from tests.support.processes import APP, FAST, Supervisor, count
+from tests.support.waiting import wait_for
 
 
 def idle_children(sup: Supervisor) -> int:

@@ -7,7 +7,8 @@ from collections import Counter
 
 import pgq_supervisor as pgq
 from tests.acceptance.conftest import Conn
-from tests.acceptance.helpers import APP, FAST, Supervisor, count, run_cli, wait_for
+from tests.support.processes import APP, FAST, Supervisor, count, run_cli
+from tests.support.waiting import wait_for
 
 JOBS = 3000
 

@@ -8,8 +8,9 @@ from datetime import datetime, timedelta
 
 import pgq_supervisor as pgq
 from tests.acceptance.conftest import Conn
-from tests.acceptance.helpers import APP, FAST, Supervisor, count, run_cli, wait_for
 from tests.integration.test_pause_and_rate import most_in_any_window
+from tests.support.processes import APP, FAST, Supervisor, count, run_cli
+from tests.support.waiting import wait_for
 
 RATED_JOBS = 200
 

@@ -13,7 +13,8 @@ from datetime import datetime, timedelta
 
 from tests.acceptance.apps.pgq_periodic_app import CATCH_UP
 from tests.acceptance.conftest import Conn
-from tests.acceptance.helpers import FAST, Supervisor, count, wait_for
+from tests.support.processes import FAST, Supervisor, count
+from tests.support.waiting import wait_for
 
 APP = "pgq_periodic_app:registry"
 SCHEDULES = ("every-second", "every-second-x3")

@@ -23,8 +23,9 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 import pgq_supervisor as pgq
 from tests.acceptance import pgbouncer
 from tests.acceptance.conftest import Conn
-from tests.acceptance.helpers import APP, FAST, Supervisor, count, run_cli, wait_for
 from tests.property.invariants import violations
+from tests.support.processes import APP, FAST, Supervisor, count, run_cli
+from tests.support.waiting import wait_for
 
 if pgbouncer.binary() is None:
     pytest.skip(

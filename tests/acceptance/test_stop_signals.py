@@ -24,7 +24,8 @@ import pytest
 import pgq_supervisor as pgq
 from tests.acceptance.apps.pgq_test_app import GATES_DDL
 from tests.acceptance.conftest import Conn
-from tests.acceptance.helpers import APP, FAST, Supervisor, count, wait_for
+from tests.support.processes import APP, FAST, Supervisor, count
+from tests.support.waiting import wait_for
 
 Send = Callable[[Supervisor], None]
 # capped_steps jobs enqueued behind the first: claimed with it (as many as fit), unstarted

@@ -16,7 +16,8 @@ from psycopg.conninfo import make_conninfo
 import pgq_supervisor as pgq
 from tests.acceptance.apps.pgq_test_app import EFFECTS_DDL
 from tests.acceptance.conftest import Conn
-from tests.acceptance.helpers import APP, FAST, Supervisor, count, run_cli, wait_for
+from tests.support.processes import APP, FAST, Supervisor, count, run_cli
+from tests.support.waiting import wait_for
 
 
 def start(sups: list[Supervisor], dsn: str, *args: str) -> Supervisor:

@@ -11,8 +11,9 @@ import pytest
 import pgq_supervisor as pgq
 from tests.acceptance.apps.pgq_test_app import EFFECTS_DDL
 from tests.acceptance.conftest import Conn
-from tests.acceptance.helpers import APP, FAST, Supervisor, count, wait_for
 from tests.acceptance.scrape import free_port, get, metric, scrape
+from tests.support.processes import APP, FAST, Supervisor, count
+from tests.support.waiting import wait_for
 
 FINISHED = """
 INSERT INTO pgq.job (type, payload, state, max_retry_count, started_at, stopped_at, error_msg)

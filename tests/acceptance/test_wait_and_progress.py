@@ -10,7 +10,8 @@ import psycopg
 import pgq_supervisor as pgq
 from tests.acceptance.apps.pgq_test_app import GATES_DDL
 from tests.acceptance.conftest import Conn
-from tests.acceptance.helpers import APP, FAST, Supervisor, run_cli, wait_for
+from tests.support.processes import APP, FAST, Supervisor, run_cli
+from tests.support.waiting import wait_for
 
 
 def test_progress_shows_while_the_job_runs_and_the_waiter_gets_the_result(

@@ -22,7 +22,8 @@ import pgq_supervisor as pgq
 from tests.acceptance.apps.pgq_test_app import GATES_DDL
 from tests.acceptance.conftest import Conn
 from tests.acceptance.dashboard import Dashboard
-from tests.acceptance.helpers import APP, FAST, ROOT, Supervisor, count, wait_for
+from tests.support.processes import APP, FAST, ROOT, Supervisor, count
+from tests.support.waiting import wait_for
 
 CHROMIUM = os.environ.get("PGQ_CHROMIUM", "/usr/bin/chromium")
 DOCS = ROOT / "docs"

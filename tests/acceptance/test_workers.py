@@ -9,7 +9,8 @@ import socket
 
 import pgq_supervisor as pgq
 from tests.acceptance.conftest import Conn
-from tests.acceptance.helpers import APP, FAST, Supervisor, run_cli, wait_for
+from tests.support.processes import APP, FAST, Supervisor, run_cli
+from tests.support.waiting import wait_for
 
 
 def _workers(dsn: str) -> list[dict[str, object]]:

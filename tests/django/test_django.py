@@ -18,8 +18,9 @@ import psycopg
 import pytest
 
 from pgq_supervisor.contrib.django.compat import TaskResult
-from tests.acceptance.helpers import APP, ROOT, wait_for
 from tests.django.conftest import PROJECT, manage
+from tests.support.processes import APP, ROOT
+from tests.support.waiting import wait_for
 
 T = TypeVar("T")
 APPS = ROOT / "tests" / "acceptance" / "apps"

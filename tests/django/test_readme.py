@@ -17,7 +17,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from tests.acceptance.helpers import ROOT
+from tests.support.processes import ROOT
 
 SHELL = """
 import time

@@ -16,8 +16,8 @@ import pgq_supervisor as pgq
 from pgq_supervisor import db
 from pgq_supervisor.db import Conn
 from pgq_supervisor.jobs import AttemptKind, JobId, JobState
-from tests.acceptance.helpers import run_cli
-from tests.integration.support import claim_one, count_rows, finished, get
+from tests.support.db import claim_one, count_rows, finished, get
+from tests.support.processes import run_cli
 
 MISSING = "00000000-0000-4000-8000-000000000000"
 

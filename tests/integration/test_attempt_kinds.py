@@ -8,7 +8,7 @@ import pgq_supervisor as pgq
 from pgq_supervisor import db
 from pgq_supervisor.db import Conn
 from pgq_supervisor.jobs import AttemptKind, OutcomeKind
-from tests.integration.support import age_heartbeat, claim_one, get
+from tests.support.db import age_heartbeat, claim_one, get
 
 S = "pgq"
 

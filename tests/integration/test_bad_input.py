@@ -12,7 +12,7 @@ import pgq_supervisor as pgq
 from pgq_supervisor import testing
 from pgq_supervisor.db import Conn
 from pgq_supervisor.jobs import BundleId, JobId, JsonValue
-from tests.integration.support import count_rows, get
+from tests.support.db import count_rows, get
 
 
 def _nothing_written(conn: Conn) -> None:

@@ -11,7 +11,7 @@ import pgq_supervisor as pgq
 from pgq_supervisor import db
 from pgq_supervisor.db import Conn
 from pgq_supervisor.jobs import AttemptKind, BundleId, JobId
-from tests.integration.support import (
+from tests.support.db import (
     age_heartbeat,
     claim,
     claim_one,

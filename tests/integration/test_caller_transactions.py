@@ -25,7 +25,7 @@ import pgq_supervisor as pgq
 from pgq_supervisor.db import AsyncConn, Conn
 from pgq_supervisor.jobs import JobId, JobState
 from tests.integration.caller_states import ASYNC_STATES, SYNC_STATES, case_id, matrix
-from tests.integration.support import finished
+from tests.support.db import finished
 
 C = TypeVar("C", Conn, AsyncConn)
 R = TypeVar("R")

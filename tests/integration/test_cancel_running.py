@@ -14,7 +14,8 @@ import pgq_supervisor as pgq
 from pgq_supervisor import db, testing
 from pgq_supervisor.db import Conn
 from pgq_supervisor.jobs import AttemptKind, JobId, OutcomeKind
-from tests.integration.support import DEADLINE, claim_one, count_rows, get, listening, until
+from tests.support.db import claim_one, count_rows, get, listening
+from tests.support.waiting import DEADLINE, until
 
 S = "pgq"
 

@@ -14,8 +14,9 @@ from pgq_supervisor.registry import RetryPolicy
 from pgq_supervisor.settings import load_settings
 from pgq_supervisor.supervisor.children import CANCELLED, KILL_GRACE, ChildState
 from pgq_supervisor.supervisor.loop import Supervisor
-from tests.fake_children import FakeChild, FakeClock, FakeSpawner, make_supervisor
-from tests.integration.support import DEADLINE, claim, get
+from tests.support.db import claim, get
+from tests.support.fakes import FakeChild, FakeClock, FakeSpawner, make_supervisor
+from tests.support.waiting import DEADLINE
 
 
 def _supervisor(dsn: str, spawner: FakeSpawner, clock: FakeClock) -> Supervisor:

@@ -12,7 +12,7 @@ import pgq_supervisor as pgq
 from pgq_supervisor import db
 from pgq_supervisor.db import Conn
 from pgq_supervisor.jobs import JobId
-from tests.integration.support import claim, claim_one, count_rows, get, in_threads
+from tests.support.db import claim, claim_one, count_rows, get, in_threads
 
 
 def test_concurrent_claims_take_each_job_exactly_once(conn: Conn, dsn: str) -> None:

@@ -21,7 +21,7 @@ from pgq_supervisor import db
 from pgq_supervisor.db import Conn
 from pgq_supervisor.errors import DatabaseError
 from pgq_supervisor.jobs import JobId, NewJob
-from tests.integration.support import SCHEMA, claim, make_due
+from tests.support.db import SCHEMA, claim, make_due
 
 LOCK_TIMEOUT = "1s"  # a claim that skips waits for no lock at all; one that waits fails in 1 s
 

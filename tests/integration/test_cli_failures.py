@@ -16,9 +16,9 @@ import pytest
 from psycopg.conninfo import make_conninfo
 
 from pgq_supervisor.db import Conn
-from tests.acceptance.helpers import APP, ROOT, run_cli
-from tests.integration.support import count_rows
 from tests.integration.test_admin_cli import cli, fails
+from tests.support.db import count_rows
+from tests.support.processes import APP, ROOT, run_cli
 
 FAST_ENOUGH = 3.0  # seconds, the whole command: interpreter start-up, imports, the attempt
 ADMIN = [

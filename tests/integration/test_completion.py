@@ -20,7 +20,7 @@ from pgq_supervisor.jobs import JobId, OutcomeKind
 from pgq_supervisor.worker.completion import Completer
 from pgq_supervisor.worker.executor import Executor
 from pgq_supervisor.worker.heartbeat import Heartbeat
-from tests.integration.support import age_heartbeat, get, raw_row
+from tests.support.db import age_heartbeat, get, raw_row
 
 S = "pgq"
 WORKER = "worker-1"

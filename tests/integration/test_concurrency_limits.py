@@ -15,7 +15,8 @@ from pgq_supervisor import db
 from pgq_supervisor.db import Conn
 from pgq_supervisor.errors import ConfigError, InvalidInput
 from pgq_supervisor.jobs import Job
-from tests.integration.support import SCHEMA, claim, count_rows, in_threads, until
+from tests.support.db import SCHEMA, claim, count_rows, in_threads
+from tests.support.waiting import until
 
 
 def _enqueue(conn: Conn, type_: str, n: int, key: str | None = None) -> list[pgq.JobId]:

@@ -11,7 +11,7 @@ import pytest
 import pgq_supervisor as pgq
 from pgq_supervisor import testing
 from pgq_supervisor.db import Conn
-from tests.integration.support import count_rows, get, raw_row
+from tests.support.db import count_rows, get, raw_row
 
 
 @pytest.fixture

@@ -15,8 +15,7 @@ from pgq_supervisor import db, sql
 from pgq_supervisor.db import Conn, rows
 from pgq_supervisor.jobs import AttemptKind, Bundle, JobId, JobRecord, JobState, LeaseToken
 from pgq_supervisor.periodic import Schedule
-
-from .support import SCHEMA, claim, claim_one, listening, make_due
+from tests.support.db import SCHEMA, claim, claim_one, listening, make_due
 
 
 def _columns_of(conn: Conn, table: str) -> list[str]:

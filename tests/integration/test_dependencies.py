@@ -17,8 +17,7 @@ from pgq_supervisor import db, testing
 from pgq_supervisor.db import Conn
 from pgq_supervisor.jobs import AttemptKind, JobId, JobState
 from tests.property.invariants import violations
-
-from .support import SCHEMA, claim, claim_one, count_rows, get, in_threads, listening
+from tests.support.db import SCHEMA, claim, claim_one, count_rows, get, in_threads, listening
 
 
 def _registry(fail: set[str] | None = None) -> pgq.Registry:

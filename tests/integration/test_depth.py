@@ -11,8 +11,8 @@ from pgq_supervisor import db
 from pgq_supervisor.db import Conn
 from pgq_supervisor.jobs import AttemptKind, JobState
 from pgq_supervisor.supervisor.metrics import Metrics, QueueMetrics
-from tests.acceptance.helpers import ROOT, run_cli
-from tests.integration.support import claim, claim_one, get
+from tests.support.db import claim, claim_one, get
+from tests.support.processes import ROOT, run_cli
 
 SCHEMA = "pgq"
 

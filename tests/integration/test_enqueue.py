@@ -12,7 +12,7 @@ from psycopg_pool import ConnectionPool
 import pgq_supervisor as pgq
 from pgq_supervisor import db
 from pgq_supervisor.db import Conn
-from tests.integration.support import Listener, claim_one, count_rows, get, listening
+from tests.support.db import Listener, claim_one, count_rows, get, listening
 
 AVAILABLE = "pgq_job_available"
 

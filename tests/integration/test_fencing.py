@@ -11,7 +11,7 @@ from pgq_supervisor.db import Conn
 from pgq_supervisor.jobs import AttemptKind, Job, LeaseToken
 from pgq_supervisor.worker.completion import Completer
 from pgq_supervisor.worker.executor import Executor
-from tests.integration.support import age_heartbeat, claim, claim_one, get, raw_row
+from tests.support.db import age_heartbeat, claim, claim_one, get, raw_row
 
 S = "pgq"
 

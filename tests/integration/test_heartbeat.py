@@ -12,7 +12,7 @@ from pgq_supervisor import db
 from pgq_supervisor.backoff import Backoff
 from pgq_supervisor.db import Conn
 from pgq_supervisor.worker.heartbeat import Heartbeat
-from tests.integration.support import age_heartbeat, claim_one, get
+from tests.support.db import age_heartbeat, claim_one, get
 
 S = "pgq"
 APP = "pgq-heartbeat-test"

@@ -22,14 +22,8 @@ from pgq_supervisor.db import Conn
 from pgq_supervisor.errors import DatabaseError
 from pgq_supervisor.jobs import Job, JobId, JobState
 from pgq_supervisor.worker.heartbeat import Heartbeat
-from tests.integration.support import (
-    age_heartbeat,
-    claim,
-    deadlocks,
-    flush_stats,
-    get,
-    until,
-)
+from tests.support.db import age_heartbeat, claim, deadlocks, flush_stats, get
+from tests.support.waiting import until
 
 S = "pgq"
 APP = "pgq-heartbeat-locks-test"

@@ -21,17 +21,18 @@ from multiprocessing.connection import Connection
 
 import psycopg
 import pytest
-from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
 import pgq_supervisor as pgq
 from pgq_supervisor.backoff import Backoff
 from pgq_supervisor.db import Conn
-from pgq_supervisor.ipc import ChildSpec, Idle, JobSlot, Ready, Stop, Wake
+from pgq_supervisor.ipc import Idle, JobSlot, Ready, Stop, Wake
 from pgq_supervisor.worker.base import connect_child
 from pgq_supervisor.worker.inflight import InFlightWorker
 from pgq_supervisor.worker.main import connect_retrying
-from tests.integration.support import DEADLINE, count_rows, until
+from tests.support.db import count_rows
+from tests.support.specs import child_spec
+from tests.support.waiting import DEADLINE, until
 
 registry = pgq.Registry()
 
@@ -39,24 +40,6 @@ registry = pgq.Registry()
 @registry.handler("a")
 async def nap(payload: dict[str, float]) -> None:
     await asyncio.sleep(payload.get("seconds", 0.01))
-
-
-def _spec(dsn: str) -> ChildSpec:
-    return ChildSpec(
-        index=0,
-        worker_id="test/child-0",
-        app="tests:registry",
-        dsn=dsn,
-        schema="pgq",
-        types=("a",),
-        heartbeat_interval=1.0,
-        claim_batch=10,
-        max_jobs=None,
-        max_memory_mb=None,
-        log_level="info",
-        log_format="text",
-        concurrency=10,
-    )
 
 
 def _expect(pipe: Connection, kind: type) -> None:
@@ -76,7 +59,7 @@ def _worker(
     conn = connect_retrying(dsn, 5.0, synchronous_commit=False)
     slot = JobSlot(capacity=10)
     worker = InFlightWorker(
-        _spec(dsn), registry, theirs, slot, conn,
+        child_spec(dsn, types=("a",), concurrency=10), registry, theirs, slot, conn,
         error_backoff=error_backoff, connect_backoff=connect_backoff, connect=connect,
     )  # fmt: skip
     thread = threading.Thread(target=worker.run, name="test-inflight", daemon=True)
@@ -90,30 +73,6 @@ def _worker(
             ours.send(Stop())
             thread.join(DEADLINE)
         ours.close()
-
-
-@pytest.fixture
-def gate(server_dsn: str, dsn: str) -> Iterator[Callable[[bool], None]]:
-    """gate(False): the test database refuses new connections and the worker's sessions are
-    ended; gate(True) lets connections in again."""
-    dbname = str(conninfo_to_dict(dsn)["dbname"])
-
-    def set_open(open_: bool) -> None:
-        with psycopg.connect(server_dsn, autocommit=True) as admin:
-            admin.execute(
-                sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS {}").format(
-                    sql.Identifier(dbname), sql.SQL("true" if open_ else "false")
-                )
-            )
-            if not open_:
-                admin.execute(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                    " WHERE datname = %s AND application_name LIKE 'pgq-%%'",
-                    (dbname,),
-                )
-
-    yield set_open
-    set_open(True)
 
 
 def _logged(caplog: pytest.LogCaptureFixture, text: str) -> bool:
@@ -165,7 +124,7 @@ def test_a_lost_connection_is_retried_with_the_backoff_until_it_connects(
         """Three real failures (a port that refuses), then the real database."""
         attempts.append("refused" if len(attempts) < 3 else "ok")
         target = refused_dsn if attempts[-1] == "refused" else dsn
-        return connect_child(_spec(target), "pgq-worker")
+        return connect_child(child_spec(target, types=("a",), concurrency=10), "pgq-worker")
 
     fast = Backoff(initial=0.01, maximum=0.05)
     with _worker(dsn, error_backoff=fast, connect_backoff=fast, connect=connect) as (pipe, _):
@@ -194,7 +153,7 @@ def test_stop_wakes_a_worker_from_its_backoff(
     }
 
     def connect() -> Conn:
-        return connect_child(_spec(refused_dsn), "pgq-worker")
+        return connect_child(child_spec(refused_dsn, types=("a",), concurrency=10), "pgq-worker")
 
     with _worker(dsn, connect=connect, **backoffs) as (pipe, thread):
         _cut_job_connection(server_dsn, dsn)

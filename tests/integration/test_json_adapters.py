@@ -23,8 +23,8 @@ import pgq_supervisor as pgq
 from pgq_supervisor import db, testing
 from pgq_supervisor.db import Conn
 from pgq_supervisor.jobs import JobState, JsonValue
-
-from .support import DEADLINE, SCHEMA
+from tests.support.db import SCHEMA
+from tests.support.waiting import DEADLINE
 
 
 class Resize(pydantic.BaseModel):

@@ -12,7 +12,7 @@ import pytest
 import pgq_supervisor as pgq
 from pgq_supervisor import db, schema, testing
 from pgq_supervisor.db import Conn
-from tests.integration.support import count_rows, in_threads
+from tests.support.db import count_rows, in_threads
 
 # The declared schema, as PostgreSQL prints it back; "{s}" is the schema name.
 JOB_COLUMNS = {

@@ -6,7 +6,7 @@ import pgq_supervisor as pgq
 from pgq_supervisor import db, testing
 from pgq_supervisor.db import Conn
 from pgq_supervisor.jobs import AttemptKind
-from tests.integration.support import age_heartbeat, claim, claim_one, listening
+from tests.support.db import age_heartbeat, claim, claim_one, listening
 
 S = "pgq"
 AVAILABLE = "pgq_job_available"

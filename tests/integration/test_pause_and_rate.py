@@ -14,7 +14,7 @@ import pgq_supervisor as pgq
 from pgq_supervisor import db
 from pgq_supervisor.db import Conn
 from pgq_supervisor.errors import InvalidInput
-from tests.integration.support import SCHEMA, claim, count_rows, in_threads, listening
+from tests.support.db import SCHEMA, claim, count_rows, in_threads, listening
 
 
 def _enqueue(conn: Conn, type_: str, n: int) -> None:

@@ -6,8 +6,8 @@ import pytest
 
 import pgq_supervisor as pgq
 from pgq_supervisor.db import Conn
-from tests.integration.support import claim
 from tests.integration.test_admin_cli import cli, fails, ok, ok_json
+from tests.support.db import claim
 
 
 def test_pause_and_resume_from_the_cli(dsn: str, conn: Conn) -> None:

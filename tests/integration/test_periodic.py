@@ -15,8 +15,8 @@ from pgq_supervisor.db import Conn
 from pgq_supervisor.jobs import JobId
 from pgq_supervisor.periodic import Schedule
 from pgq_supervisor.supervisor.maintenance.scheduler import Scheduler
-from tests.acceptance.helpers import run_cli
-from tests.integration.support import SCHEMA, in_threads
+from tests.support.db import SCHEMA, in_threads
+from tests.support.processes import run_cli
 
 HOUR = timedelta(hours=1)
 

@@ -15,8 +15,8 @@ from pgq_supervisor.db import Conn
 from pgq_supervisor.jobs import JobState
 from pgq_supervisor.worker.executor import Executor
 from pgq_supervisor.worker.heartbeat import Heartbeat
-
-from .support import DEADLINE, SCHEMA, claim_one, get, listening, until
+from tests.support.db import SCHEMA, claim_one, get, listening
+from tests.support.waiting import DEADLINE, until
 
 COUNT_WRITES = """
 CREATE TABLE progress_writes (job_id uuid, progress jsonb);

@@ -16,7 +16,8 @@ from pgq_supervisor.worker.completion import Completer
 from pgq_supervisor.worker.executor import Executor
 from pgq_supervisor.worker.heartbeat import Heartbeat
 from pgq_supervisor.worker.unstarted import Unstarted
-from tests.integration.support import get, listening, until
+from tests.support.db import get, listening
+from tests.support.waiting import until
 
 S = "pgq"
 APP = "pgq-heartbeat-test"

@@ -12,7 +12,7 @@ from pgq_supervisor import db
 from pgq_supervisor.db import Conn
 from pgq_supervisor.jobs import JobId
 from pgq_supervisor.supervisor.maintenance.rescuer import Rescuer
-from tests.integration.support import age_heartbeat, claim, claim_one, get, in_threads, raw_row
+from tests.support.db import age_heartbeat, claim, claim_one, get, in_threads, raw_row
 
 S = "pgq"
 

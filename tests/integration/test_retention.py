@@ -14,7 +14,7 @@ from pgq_supervisor.db import Conn
 from pgq_supervisor.jobs import AttemptKind, JobId, JobState
 from pgq_supervisor.settings import load_settings
 from pgq_supervisor.supervisor.maintenance.retention import Pruner, PruneResult
-from tests.integration.support import claim, count_rows
+from tests.support.db import claim, count_rows
 
 DAY = 86400.0
 

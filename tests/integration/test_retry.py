@@ -11,7 +11,7 @@ import pgq_supervisor as pgq
 from pgq_supervisor import db, testing
 from pgq_supervisor.db import Conn
 from pgq_supervisor.jobs import AttemptKind, JsonValue
-from tests.integration.support import claim_one, count_rows, get, listening, make_due
+from tests.support.db import claim_one, count_rows, get, listening, make_due
 
 S = "pgq"
 

@@ -15,7 +15,7 @@ import pgq_supervisor as pgq
 from pgq_supervisor import db
 from pgq_supervisor.admin import schema as admin_schema
 from pgq_supervisor.db import Conn
-from tests.acceptance.helpers import ROOT, run_cli
+from tests.support.processes import ROOT, run_cli
 
 CURRENT = ROOT / "schema" / "current.sql"
 

@@ -16,28 +16,12 @@ from contextlib import contextmanager
 from multiprocessing.connection import Connection
 
 from pgq_supervisor.errors import ExitCode
-from pgq_supervisor.ipc import BootFailed, ChildSpec, JobSlot, Ready, Stop
+from pgq_supervisor.ipc import BootFailed, JobSlot, Ready, Stop
 from pgq_supervisor.supervisor.children import Process, spawn_process
-from tests.integration.support import DEADLINE, until
+from tests.support.specs import child_spec
+from tests.support.waiting import DEADLINE, until
 
 APP = "tests.integration.test_worker_reconnect:registry"  # serves type "t"
-
-
-def _spec(dsn: str, app: str = APP) -> ChildSpec:
-    return ChildSpec(
-        index=0,
-        worker_id="test/spawn-0",
-        app=app,
-        dsn=dsn,
-        schema="pgq",
-        types=("t",),
-        heartbeat_interval=1.0,
-        claim_batch=10,
-        max_jobs=None,
-        max_memory_mb=None,
-        log_level="warning",
-        log_format="text",
-    )
 
 
 def _recv(pipe: Connection) -> object:
@@ -47,7 +31,9 @@ def _recv(pipe: Connection) -> object:
 
 @contextmanager
 def _child(dsn: str, app: str = APP) -> Iterator[tuple[Process, Connection]]:
-    proc, pipe = spawn_process(_spec(dsn, app), JobSlot(("t",)))
+    proc, pipe = spawn_process(
+        child_spec(dsn, worker_id="test/spawn-0", app=app, log_level="warning"), JobSlot(("t",))
+    )
     try:
         yield proc, pipe
     finally:

@@ -1,6 +1,6 @@
 """The real Supervisor loop against a real database, with fake children and a fake clock.
 
-The fake children (tests/fake_children.py) hold jobs the way workers do: claimed under the
+The fake children (tests/support/fakes.py) hold jobs the way workers do: claimed under the
 child's worker id, and named in its shared slot. Each test turns the loop with `run_once`.
 """
 
@@ -24,8 +24,8 @@ from pgq_supervisor.supervisor.maintenance.activity import ActivitySummary
 from pgq_supervisor.supervisor.maintenance.rescuer import Rescuer
 from pgq_supervisor.supervisor.maintenance.retention import Pruner
 from pgq_supervisor.supervisor.metrics import Metrics, QueueMetrics
-from tests.fake_children import FakeClock, FakeSpawner, make_supervisor
-from tests.integration.support import age_heartbeat, claim, claim_one, get
+from tests.support.db import age_heartbeat, claim, claim_one, get
+from tests.support.fakes import FakeClock, FakeSpawner, make_supervisor
 
 LONG = 1000.0  # the "slow" type's retry delay, far from any other
 

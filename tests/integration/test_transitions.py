@@ -9,7 +9,7 @@ import pgq_supervisor as pgq
 from pgq_supervisor import db
 from pgq_supervisor.db import Conn
 from pgq_supervisor.jobs import AttemptKind, JobId
-from tests.integration.support import claim_one, get, raw_row
+from tests.support.db import claim_one, get, raw_row
 
 S = "pgq"
 

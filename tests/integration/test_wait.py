@@ -17,8 +17,8 @@ import pgq_supervisor as pgq
 from pgq_supervisor import db, testing, waiting
 from pgq_supervisor.db import Conn
 from pgq_supervisor.jobs import AttemptKind, JobId, JobRecord, JobState
-
-from .support import DEADLINE, SCHEMA, age_heartbeat, claim, claim_one, in_threads, until
+from tests.support.db import SCHEMA, age_heartbeat, claim, claim_one, in_threads
+from tests.support.waiting import DEADLINE, until
 
 WAITER_APP = "pgq-test-waiter"
 StartWaiter = Callable[[list[JobId]], "Background"]

@@ -22,7 +22,7 @@ from pgq_supervisor.jobs import AttemptKind, JobId, JobState, JsonValue, NewJob
 from pgq_supervisor.periodic import Schedule
 from pgq_supervisor.web import ACTIONS, create_app
 from pgq_supervisor.web.app import Action
-from tests.integration.support import SCHEMA, claim, claim_one, count_rows, get
+from tests.support.db import SCHEMA, claim, claim_one, count_rows, get
 
 CSRF_RE = re.compile(r'name="csrf" value="([^"]+)"')
 

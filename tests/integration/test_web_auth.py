@@ -16,8 +16,8 @@ from pgq_supervisor.db import Conn
 from pgq_supervisor.jobs import JobId, JobState, NewJob
 from pgq_supervisor.web import basic_auth, create_app
 from pgq_supervisor.web.app import NO_AUTH, READ_ONLY, Action, Authorize
-from tests.integration.support import SCHEMA, claim_one, get
 from tests.integration.test_web import CSRF_RE, fail_job
+from tests.support.db import SCHEMA, claim_one, get
 
 
 class Options(TypedDict, total=False):

@@ -15,18 +15,17 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from multiprocessing.connection import Connection
 
-import psycopg
 import pytest
-from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict
 
 import pgq_supervisor as pgq
 from pgq_supervisor.backoff import Backoff
 from pgq_supervisor.db import Conn
-from pgq_supervisor.ipc import ChildSpec, Idle, JobSlot, Ready, Stop, Wake
+from pgq_supervisor.ipc import Idle, JobSlot, Ready, Stop, Wake
 from pgq_supervisor.worker.main import connect_retrying
 from pgq_supervisor.worker.sync import Worker
-from tests.integration.support import DEADLINE, count_rows, until
+from tests.support.db import count_rows
+from tests.support.specs import child_spec
+from tests.support.waiting import DEADLINE, until
 
 registry = pgq.Registry()
 
@@ -34,23 +33,6 @@ registry = pgq.Registry()
 @registry.handler("t")
 def noop(payload: dict[str, int]) -> None:
     return None
-
-
-def _spec(dsn: str) -> ChildSpec:
-    return ChildSpec(
-        index=0,
-        worker_id="test/child-0",
-        app="tests:registry",
-        dsn=dsn,
-        schema="pgq",
-        types=("t",),
-        heartbeat_interval=1.0,
-        claim_batch=10,
-        max_jobs=None,
-        max_memory_mb=None,
-        log_level="info",
-        log_format="text",
-    )
 
 
 def _expect(pipe: Connection, kind: type) -> None:
@@ -64,7 +46,7 @@ def _worker(dsn: str, **backoffs: Backoff) -> Iterator[tuple[Connection, threadi
     ours, theirs = multiprocessing.Pipe()
     conn = connect_retrying(dsn, 5.0, synchronous_commit=False)
     worker = Worker(
-        _spec(dsn), registry, theirs, JobSlot(), conn,
+        child_spec(dsn), registry, theirs, JobSlot(), conn,
         error_backoff=backoffs.get("error_backoff"),
         connect_backoff=backoffs.get("connect_backoff"),
     )  # fmt: skip
@@ -79,30 +61,6 @@ def _worker(dsn: str, **backoffs: Backoff) -> Iterator[tuple[Connection, threadi
             ours.send(Stop())
             thread.join(DEADLINE)
         ours.close()
-
-
-@pytest.fixture
-def gate(server_dsn: str, dsn: str) -> Iterator[Callable[[bool], None]]:
-    """gate(False): the test database refuses new connections and the worker's sessions (job,
-    heartbeat) are ended, as in a restart that lasts; gate(True) lets connections in again."""
-    dbname = str(conninfo_to_dict(dsn)["dbname"])
-
-    def set_open(open_: bool) -> None:
-        with psycopg.connect(server_dsn, autocommit=True) as admin:
-            admin.execute(
-                sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS {}").format(
-                    sql.Identifier(dbname), sql.SQL("true" if open_ else "false")
-                )
-            )
-            if not open_:
-                admin.execute(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                    " WHERE datname = %s AND application_name LIKE 'pgq-%%'",
-                    (dbname,),
-                )
-
-    yield set_open
-    set_open(True)
 
 
 def _logged(caplog: pytest.LogCaptureFixture, text: str) -> bool:

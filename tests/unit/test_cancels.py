@@ -12,7 +12,7 @@ from pgq_supervisor.settings import load_settings
 from pgq_supervisor.supervisor import cancels
 from pgq_supervisor.supervisor.children import CANCELLED, ChildState
 from pgq_supervisor.supervisor.loop import Supervisor
-from tests.fake_children import NO_DATABASE, FakeClock, FakeSpawner, make_supervisor
+from tests.support.fakes import NO_DATABASE, FakeClock, FakeSpawner, make_supervisor
 
 
 def _supervisor(spawner: FakeSpawner, procs: int = 2) -> Supervisor:

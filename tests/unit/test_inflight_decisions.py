@@ -16,7 +16,7 @@ from pgq_supervisor.supervisor import cancels
 from pgq_supervisor.supervisor.children import CANCELLED, Child
 from pgq_supervisor.supervisor.loop import Supervisor
 from pgq_supervisor.supervisor.verdicts import DeadChild, judge
-from tests.fake_children import NO_DATABASE, FakeClock, FakeSpawner, make_supervisor
+from tests.support.fakes import NO_DATABASE, FakeClock, FakeSpawner, make_supervisor
 
 
 def _supervisor(spawner: FakeSpawner, clock: FakeClock, procs: int = 2) -> Supervisor:

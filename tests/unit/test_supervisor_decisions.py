@@ -1,7 +1,7 @@
 """The supervisor's decisions with time and process spawning faked (no child interpreters).
 
 Each test drives the real loop through `run_once` and the public handlers; fake children
-(tests/fake_children.py) answer over real pipes. No database: its address refuses at once.
+(tests/support/fakes.py) answer over real pipes. No database: its address refuses at once.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pgq_supervisor.registry import Registry
 from pgq_supervisor.settings import load_settings
 from pgq_supervisor.supervisor.children import KILL_GRACE, ChildState, describe_exit
 from pgq_supervisor.supervisor.loop import Supervisor
-from tests.fake_children import NO_DATABASE, FakeClock, FakeSpawner, make_supervisor
+from tests.support.fakes import NO_DATABASE, FakeClock, FakeSpawner, make_supervisor
 
 HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGTTIN, signal.SIGTTOU)
 

@@ -19,7 +19,7 @@ from pgq_supervisor.supervisor.maintenance import (
     maintenance_timers,
 )
 from pgq_supervisor.supervisor.metrics import Metrics
-from tests.fake_children import NO_DATABASE, FakeClock
+from tests.support.fakes import NO_DATABASE, FakeClock
 
 
 def recorder(ran: list[tuple[str, float]], name: str, sooner: float | None = None) -> Timer:

@@ -9,30 +9,17 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TypeVar
 
 import psycopg
 from psycopg import sql
 
+from tests.support.waiting import wait_for
+
 ROOT = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
-
-
-def wait_for(
-    what: str, check: Callable[[], T | None], timeout: float = 30.0, interval: float = 0.05
-) -> T:
-    """Poll `check` until it returns something truthy; fail the test after `timeout`."""
-    deadline = time.monotonic() + timeout
-    last: T | None = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(interval)  # polling a condition with a deadline
-    raise AssertionError(f"timed out after {timeout:g} s waiting for {what} (last: {last!r})")
 
 
 APP = "pgq_test_app:registry"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -16,12 +15,10 @@ import pgq_supervisor as pgq
 from pgq_supervisor import db
 from pgq_supervisor.db import Conn
 from pgq_supervisor.jobs import AttemptKind, Job, JobId, JobRecord, JobState
+from tests.support.waiting import DEADLINE
 
 SCHEMA = "pgq"
 T = TypeVar("T")
-
-# Generous: only reached when something is broken; a passing test never waits this long.
-DEADLINE = 30.0
 
 
 def count_rows(
@@ -141,15 +138,6 @@ def in_threads(n: int, target: Callable[[int], T]) -> list[T]:
     with ThreadPoolExecutor(max_workers=n) as pool:
         futures = [pool.submit(target, i) for i in range(n)]
         return [f.result(timeout=DEADLINE) for f in futures]
-
-
-def until(check: Callable[[], object], what: str = "condition") -> None:
-    """Poll `check` until it is truthy; fail the test after DEADLINE seconds."""
-    deadline = time.monotonic() + DEADLINE
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {DEADLINE:g} s waiting for {what}")
-        time.sleep(0.01)  # polling a condition with a deadline
 
 
 def deadlocks(conn: Conn) -> int:
