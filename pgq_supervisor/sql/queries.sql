@@ -65,10 +65,11 @@ RETURNING id, type, origin, num_jobs, num_jobs_stopped, on_complete, created_at,
 -- Takes up to `limit` eligible jobs of the served types, highest priority then oldest, skipping
 -- rows other workers hold, and marks them running under a fresh lease. The rows come back in
 -- that order (RETURNING has none of its own), the order the worker runs them in.
--- claim_pick (schema/0003) locks the rows, walking job_claim_idx in order with its plan
--- pinned (and, since schema/0009, merging in delayed jobs come due, from job_delayed_idx); the update then finds them by primary key (a join to a CTE here made the planner
--- hash-join a sequential scan of the whole table). A job enqueued without max_retry_count gets
--- its handler's default here.
+-- claim_pick (last defined in schema/0008) routes the claim through pauses, limits and rates;
+-- claim_pick_rows (schema/0009) locks the rows, walking job_claim_idx in order with its plan
+-- pinned and merging in the delayed jobs come due from job_delayed_idx. The update then finds
+-- them by primary key (a join to a CTE here made the planner hash-join a sequential scan of the
+-- whole table). A job enqueued without max_retry_count gets its handler's default here.
 WITH claimed AS (
     UPDATE {schema}.job j
     SET state = 'running', started_at = now(), worker_alive_at = now(), worker_id = %(worker_id)s,
