@@ -13,11 +13,13 @@ import inspect
 import os
 import uuid
 from collections.abc import Collection
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 from pgq_supervisor import db
 from pgq_supervisor.jobs import Job, JobId, JsonValue, LeaseToken, OutcomeKind
 from pgq_supervisor.registry import Registry
+from pgq_supervisor.worker import runs
 from pgq_supervisor.worker.completion import Completer, Outcome
 from pgq_supervisor.worker.executor import Executor
 from pgq_supervisor.worker.progress import Recorder, reporting
@@ -110,6 +112,10 @@ def drain(
     executor = Executor(registry, worker_id, progress=recorder)
     completer = Completer(s, worker_id)
     policy = registry.claim_policy(types)
+
+    def own_conn() -> nullcontext[db.Conn]:  # `conn` handlers: in a transaction on it
+        return nullcontext(conn)
+
     result = DrainResult(progress=recorder.values)
     while types and (max_jobs is None or len(result.outcomes) < max_jobs):
         limit = batch if max_jobs is None else min(batch, max_jobs - len(result.outcomes))
@@ -125,9 +131,9 @@ def drain(
                         f"handler {job.type!r} is async and takes conn: drain() cannot give it"
                         " an AsyncConnection; run it under the supervisor"
                     )
-                completer.report(conn, asyncio.run(executor.run_async(job)))
+                completer.settle(conn, asyncio.run(executor.run_async(job)))
             else:
-                completer.run(conn, job, executor)
+                completer.settle(conn, runs.run_sync(executor, job, s, own_conn))
         completer.flush(conn)
         result.outcomes.extend(completer.take_outcomes())
     return result

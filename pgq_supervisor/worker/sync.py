@@ -21,6 +21,7 @@ from pgq_supervisor.ipc import ChildSpec, Idle, JobSlot, Ready, Report, Retiring
 from pgq_supervisor.jobs import Job
 from pgq_supervisor.registry import Registry
 from pgq_supervisor.signals import ChildSignals
+from pgq_supervisor.worker import runs
 from pgq_supervisor.worker.base import (
     REPORT_EVERY,
     child_parts,
@@ -158,8 +159,13 @@ class Worker:
         self.slot.set(job.id, now, timeout, job.attempt, job.type)
         if titled:
             setproctitle(f"pgq-worker[{self.spec.index}] {job.type} {job.id}")
-        self.completer.run(self.conn, job, self.executor)
+        settlement = runs.run_sync(self.executor, job, self.spec.schema, self._own_conn)
+        self.completer.settle(self.conn, settlement)
         self.slot.clear()
+
+    def _own_conn(self) -> contextlib.nullcontext[db.Conn]:
+        """A handler that takes `conn` runs in a transaction on the worker's own connection."""
+        return contextlib.nullcontext(self.conn)
 
     def _idle(self) -> None:
         """The claim found nothing: say so, report, and block until woken or told to stop."""
