@@ -169,14 +169,19 @@ class Completer:
     def settle(self, conn: db.Conn, settlement: Settlement) -> None:
         """Write what a run came to (runs.py), on `conn`: a success is buffered (written by
         the next claim or flush), anything else is written, or was already, now."""
+        # the hot path, a plain success (one per job), before the match: a class pattern
+        # costs several times a type check (measured: ~700 instructions against ~170)
+        if type(settlement) is Ran and settlement.failure is None:
+            with self._lock:
+                self._successes.append(settlement)
+            return
         match settlement:
-            case Ran():
-                failure = settlement.failure
+            case Ran(job, _, failure, took):
                 if failure is None:
                     with self._lock:
                         self._successes.append(settlement)
                 else:
-                    self._write_failure(conn, settlement.job, failure, settlement.duration)
+                    self._write_failure(conn, job, failure, took)
             case Committed(job, took):  # in its handler's transaction already
                 self._succeeded(job, took)
             case Lost(job, took):
