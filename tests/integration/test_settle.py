@@ -40,6 +40,11 @@ def heartbeat(dsn: str) -> Iterator[Heartbeat]:
 
 
 @pytest.fixture
+def completer(heartbeat: Heartbeat) -> Completer:
+    return Completer(S, WORKER, heartbeat=heartbeat)
+
+
+@pytest.fixture
 def side_table(conn: Conn) -> Iterator[None]:
     conn.execute("CREATE TABLE public.side_effect (job_id uuid NOT NULL)")
     yield
@@ -51,7 +56,8 @@ def _side_rows(conn: Conn) -> int:
     return int(row[0])
 
 
-def _registry(dsn: str) -> pgq.Registry:
+@pytest.fixture
+def registry(dsn: str) -> pgq.Registry:
     registry = pgq.Registry()
 
     @registry.handler("plain", max_retry_count=1, retry=lambda attempt, rng: 0.0)
@@ -93,10 +99,8 @@ def _kinds(conn: Conn, job_id: pgq.JobId) -> list[str]:
 
 
 def test_a_plain_success_is_a_ran_buffered_until_the_flush(
-    conn: Conn, dsn: str, heartbeat: Heartbeat
+    conn: Conn, dsn: str, heartbeat: Heartbeat, registry: pgq.Registry, completer: Completer
 ) -> None:
-    registry = _registry(dsn)
-    completer = Completer(S, WORKER, heartbeat=heartbeat)
     job = _claim(conn, completer, registry, "plain")
     settlement = runs.run_sync(Executor(registry, WORKER), job, S)
     assert type(settlement) is Ran and settlement.failure is None
@@ -110,9 +114,9 @@ def test_a_plain_success_is_a_ran_buffered_until_the_flush(
     assert heartbeat.holding() == 0
 
 
-def test_a_failure_is_written_at_once(conn: Conn, dsn: str, heartbeat: Heartbeat) -> None:
-    registry = _registry(dsn)
-    completer = Completer(S, WORKER, heartbeat=heartbeat)
+def test_a_failure_is_written_at_once(
+    conn: Conn, heartbeat: Heartbeat, registry: pgq.Registry, completer: Completer
+) -> None:
     job = _claim(conn, completer, registry, "plain", {"fail": True})
     completer.settle(conn, runs.run_sync(Executor(registry, WORKER), job, S))
     rec = get(conn, job.id)
@@ -124,10 +128,8 @@ def test_a_failure_is_written_at_once(conn: Conn, dsn: str, heartbeat: Heartbeat
 
 @pytest.mark.usefixtures("side_table")
 def test_a_conn_handlers_success_is_committed_with_its_writes_and_settle_adds_nothing(
-    conn: Conn, dsn: str, heartbeat: Heartbeat
+    conn: Conn, dsn: str, heartbeat: Heartbeat, registry: pgq.Registry, completer: Completer
 ) -> None:
-    registry = _registry(dsn)
-    completer = Completer(S, WORKER, heartbeat=heartbeat)
     job = _claim(conn, completer, registry, "book")
     with db.connect(dsn) as worker_conn:
         settlement = runs.run_sync(
@@ -144,10 +146,8 @@ def test_a_conn_handlers_success_is_committed_with_its_writes_and_settle_adds_no
 
 @pytest.mark.usefixtures("side_table")
 def test_a_lost_lease_rolls_the_writes_back_and_settle_writes_nothing(
-    conn: Conn, dsn: str, heartbeat: Heartbeat
+    conn: Conn, dsn: str, heartbeat: Heartbeat, registry: pgq.Registry, completer: Completer
 ) -> None:
-    registry = _registry(dsn)
-    completer = Completer(S, WORKER, heartbeat=heartbeat)
     job = _claim(conn, completer, registry, "book", {"steal": True})
     settlement = runs.run_in_transaction(
         Executor(registry, WORKER), job, S, db.connect(dsn, autocommit=True)
@@ -163,10 +163,8 @@ def test_a_lost_lease_rolls_the_writes_back_and_settle_writes_nothing(
 
 @pytest.mark.usefixtures("side_table")
 def test_an_async_job_past_its_timeout_is_cancelled_its_writes_undone_and_retried(
-    conn: Conn, dsn: str, heartbeat: Heartbeat
+    conn: Conn, dsn: str, heartbeat: Heartbeat, registry: pgq.Registry, completer: Completer
 ) -> None:
-    registry = _registry(dsn)
-    completer = Completer(S, WORKER, heartbeat=heartbeat)
     job = _claim(conn, completer, registry, "slow")
 
     async def run() -> runs.Settlement:
@@ -186,10 +184,8 @@ def test_an_async_job_past_its_timeout_is_cancelled_its_writes_undone_and_retrie
 
 
 def test_a_timeout_without_attempts_left_fails_and_one_whose_lease_went_is_lost(
-    conn: Conn, dsn: str, heartbeat: Heartbeat
+    conn: Conn, dsn: str, heartbeat: Heartbeat, registry: pgq.Registry, completer: Completer
 ) -> None:
-    registry = _registry(dsn)
-    completer = Completer(S, WORKER, heartbeat=heartbeat)
     executor = Executor(registry, WORKER)
     failing = _claim(conn, completer, registry, "nap")
     completer.settle(conn, asyncio.run(runs.run_async(executor, failing, 0.05, S)))
