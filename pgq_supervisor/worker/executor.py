@@ -72,7 +72,7 @@ def _result_json(value: object) -> str | None:
 
 class Executor:
     """Runs handlers for one worker id. Handlers that take `conn` get the one passed to `run`
-    (the completer runs them inside its transaction). `job.report_progress` goes to
+    (runs.py runs them inside its transaction). `job.report_progress` goes to
     `progress` (the worker's heartbeat writes it; None: nowhere)."""
 
     def __init__(
