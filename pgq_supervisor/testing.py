@@ -16,6 +16,7 @@ import inspect
 import os
 import uuid
 from collections.abc import Collection, Coroutine, Iterator
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -24,8 +25,9 @@ from pgq_supervisor.errors import DatabaseError
 from pgq_supervisor.frameworks import ConnLike, as_psycopg
 from pgq_supervisor.jobs import Job, JobId, JsonValue, LeaseToken, OutcomeKind
 from pgq_supervisor.registry import Registry
+from pgq_supervisor.worker import runs
 from pgq_supervisor.worker.completion import Completer, Outcome
-from pgq_supervisor.worker.executor import Executor, Ran
+from pgq_supervisor.worker.executor import Executor
 from pgq_supervisor.worker.progress import Recorder, reporting
 
 _ZERO = uuid.UUID(int=0)
@@ -131,6 +133,7 @@ class _Drain:
     ) -> None:
         s = schema or db.default_schema()
         self.conn = conn
+        self.schema = s
         self.registry = registry
         self.types = [t for t in registry.types if t not in ignore]
         worker_id = f"testing:{os.getpid()}"
@@ -184,14 +187,16 @@ class _Drain:
         return True
 
     def run(self, job: Job) -> None:
-        with self.step():
-            self.completer.run(self.conn, job, self.executor)
-        self.held.remove(job)
+        settlement = runs.run_sync(self.executor, job, self.schema, self._own_conn)
+        self.report(settlement)
 
-    def report(self, ran: Ran) -> None:
+    def _own_conn(self) -> nullcontext[db.Conn]:  # `conn` handlers: in a transaction on it
+        return nullcontext(self.conn)
+
+    def report(self, settlement: runs.Settlement) -> None:
         with self.step():
-            self.completer.report(self.conn, ran)
-        self.held.remove(ran.job)
+            self.completer.settle(self.conn, settlement)
+        self.held.remove(settlement.job)
 
     def flush(self) -> None:
         with self.step():

@@ -14,7 +14,8 @@ report; or, when a claim finds nothing, send Idle and block on the pipe. When on
 batch runs past `release_unstarted_after`, the heartbeat thread releases the jobs behind it and
 writes the successes before it, so nothing waits on a slow job but that job.
 
-The Executor runs a handler and says what happened; the Completer writes it, fenced by the
+The Executor runs a handler; runs.py holds every way to run one (sync, in a thread, async, in
+a `conn` transaction), each ending in a Settlement; Completer.settle writes it, fenced by the
 lease: a failure at once, successes in the statement of the next claim (or a flush when a
 batch runs long), and keeps every held job in the heartbeat until its outcome lands. A database
 error backs off with jitter, reconnects if the connection is gone (waking for a Stop), then

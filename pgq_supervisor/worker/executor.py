@@ -23,7 +23,7 @@ import pydantic
 from pgq_supervisor import db, tracing
 from pgq_supervisor.errors import InvalidInput, PermanentError
 from pgq_supervisor.jobs import AttemptKind, Job, JsonValue
-from pgq_supervisor.registry import Handler, Registry
+from pgq_supervisor.registry import Registry
 from pgq_supervisor.worker.progress import ProgressSink, reporting
 
 log = logging.getLogger(__name__)
@@ -53,6 +53,15 @@ class Ran(NamedTuple):
     duration: float
 
 
+# a handler call: the function, the payload validated, the keyword arguments
+_Call = tuple[Callable[..., object], object, dict[str, object]]
+
+
+class _NeedsConn(ValueError):
+    """A handler that takes `conn` run without one: the caller's mistake, raised to it (not
+    the job's failure)."""
+
+
 def _result_json(value: object) -> str | None:
     if value is None:
         return None
@@ -63,7 +72,7 @@ def _result_json(value: object) -> str | None:
 
 class Executor:
     """Runs handlers for one worker id. Handlers that take `conn` get the one passed to `run`
-    (the completer runs them inside its transaction). `job.report_progress` goes to
+    (runs.py runs them inside its transaction). `job.report_progress` goes to
     `progress` (the worker's heartbeat writes it; None: nowhere)."""
 
     def __init__(
@@ -96,25 +105,13 @@ class Executor:
             return _traced(outcome, self._run(job, conn))
 
     def _run(self, job: Job, conn: db.Conn | None) -> Ran:
-        handler = self.registry.handlers.get(job.type)
         start = self.clock()
-        # DEBUG: two lines per job at INFO cost a third of the throughput (activity.py logs
-        # a periodic summary instead); failures and retries stay WARNING/ERROR.
-        log.debug(
-            "job start id=%s type=%s attempt=%d worker=%s",
-            job.id,
-            job.type,
-            job.attempt,
-            self.worker_id,
-        )
-        if handler is None:
-            return self.failed(job, InvalidInput(f"no handler for {job.type!r}"), 0.0)
-        if handler.wants_conn and conn is None:
-            raise ValueError(f"handler {job.type!r} takes conn: run it with a connection")
         try:
-            payload = handler.validate(job.payload)
+            func, payload, kwargs = self._call(job, conn)
             with reporting(self.progress):
-                result = _result_json(self._call(handler, job, payload, conn))
+                result = _result_json(func(payload, **kwargs))
+        except _NeedsConn:
+            raise
         except Exception as exc:  # the handler's failure is the job's outcome, never ours
             return self.failed(job, exc, self.clock() - start)
         return Ran(job, result, None, self.clock() - start)
@@ -129,35 +126,51 @@ class Executor:
             return _traced(outcome, await self._run_async(job, conn))
 
     async def _run_async(self, job: Job, conn: db.AsyncConn | None) -> Ran:
-        handler = self.registry.handlers.get(job.type)
         start = self.clock()
-        if handler is None:
-            return self.failed(job, InvalidInput(f"no handler for {job.type!r}"), 0.0)
-        if handler.wants_conn and conn is None:
-            raise ValueError(f"handler {job.type!r} takes conn: run it with a connection")
-        kwargs: dict[str, object] = {}
-        if handler.wants_job:
-            kwargs["job"] = job
-        if handler.wants_conn:
-            kwargs["conn"] = conn
         try:
-            payload = handler.validate(job.payload)
+            func, payload, kwargs = self._call(job, conn)
             with reporting(self.progress):
-                value = handler.func(payload, **kwargs)
+                value = func(payload, **kwargs)
                 if inspect.isawaitable(value):
                     value = await value
                 result = _result_json(value)
+        except _NeedsConn:
+            raise
         except Exception as exc:  # the handler's failure is the job's outcome, never ours
             return self.failed(job, exc, self.clock() - start)
         return Ran(job, result, None, self.clock() - start)
 
-    def _call(self, handler: Handler, job: Job, payload: object, conn: db.Conn | None) -> object:
+    def _call(self, job: Job, conn: db.Conn | db.AsyncConn | None) -> _Call:
+        """What `job`'s handler is called with: its payload validated into the handler's
+        annotation, and `job` and `conn` if it takes them. Raises what the run's failure is
+        when it cannot be called: InvalidInput for no handler of the type or a payload that
+        does not fit (the caller makes it the job's failure: on the hot path a raise costs
+        nothing until raised, where a returned failure would be checked at every job)."""
+        # DEBUG: two lines per job at INFO cost a third of the throughput (activity.py logs
+        # a periodic summary instead); failures and retries stay WARNING/ERROR.
+        log.debug(
+            "job start id=%s type=%s attempt=%d worker=%s",
+            job.id,
+            job.type,
+            job.attempt,
+            self.worker_id,
+        )
+        handler = self.registry.handlers.get(job.type)
+        if handler is None:
+            raise InvalidInput(f"no handler for {job.type!r}")
+        if handler.wants_conn and conn is None:
+            raise _NeedsConn(f"handler {job.type!r} takes conn: run it with a connection")
+        payload = handler.validate(job.payload)
         kwargs: dict[str, object] = {}
         if handler.wants_job:
             kwargs["job"] = job
         if handler.wants_conn:
             kwargs["conn"] = conn
-        return handler.func(payload, **kwargs)
+        return handler.func, payload, kwargs
+
+    def retry_delay(self, job: Job) -> float:
+        """Seconds before `job` runs again after this attempt fails, under its type's policy."""
+        return self.registry.policy(job.type).retry_delay(job.attempt, self.rng)
 
     def failed(self, job: Job, exc: Exception, duration: float) -> Ran:
         """What `exc`, raised while running `job`, means under its handler's policy."""
@@ -171,7 +184,7 @@ class Executor:
             delay = 0.0
         else:
             kind = AttemptKind.ERROR
-            delay = self.registry.policy(job.type).retry_delay(job.attempt, self.rng)
+            delay = self.retry_delay(job)
             data["traceback"] = "".join(traceback.format_exception(exc))[-4000:]
         failure = Failure(kind, f"{type(exc).__name__}: {exc}", _jsonable(data), delay)
         return Ran(job, None, failure, duration)

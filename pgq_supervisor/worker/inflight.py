@@ -16,7 +16,7 @@ started yet: admission.py.
 
 Handlers that take `conn` get a connection of a per-child pool (psycopg_pool: an async one for
 async handlers, a sync one for threads, `concurrency` connections at most, opened on first use):
-their writes and the job's fenced success commit in one transaction, as in completion.py.
+their writes and the job's fenced success commit in one transaction, as in sync.py (runs.py).
 
 Timeouts: an async job past its timeout is cancelled here and its attempt ends as a timeout; the
 slot gives the supervisor ASYNC_GRACE more before it kills the child (a handler that swallows
@@ -52,8 +52,7 @@ from pgq_supervisor.registry import ClaimPolicy, Registry
 from pgq_supervisor.worker import runs
 from pgq_supervisor.worker.admission import CLAIM_EVERY, Admission
 from pgq_supervisor.worker.base import REPORT_EVERY, BaseWorker, Options
-from pgq_supervisor.worker.executor import Ran
-from pgq_supervisor.worker.runs import Committed, Lost, Settlement, TimedOut
+from pgq_supervisor.worker.runs import Lost, Settlement
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +96,7 @@ class InFlightWorker(Admission, BaseWorker):
         self.queued: deque[Job] = deque()  # claimed, waiting for a type's cap or to run alone
         self.claimed_at: dict[LeaseToken, float] = {}  # when each claim of a queued job was
         self.started = 0  # jobs started: with max_jobs, claims stop at the jobs left to start
-        self.done: list[tuple[InFlight, Settlement | None]] = []  # None: cancelled
+        self.done: list[Settlement] = []  # ended, to be settled
         self.free_entries = list(range(self.capacity - 1, -1, -1))
         self.run_alone = RunAloneSet()  # named by RunAlone: the oldest are forgotten first
         self.alone: JobId | None = None  # the job running alone now
@@ -260,17 +259,16 @@ class InFlightWorker(Admission, BaseWorker):
             fut.set_result(self.executor.run(job))
         elif is_async:
             pool = self.apool if handler.wants_conn else None
-            run = runs.run_async(self.executor, job, timeout, schema=self.spec.schema, pool=pool)
+            connect = None if pool is None else pool.connection
+            run = runs.run_async(self.executor, job, timeout, self.spec.schema, connect)
             fut = loop.create_task(run)
-        elif handler.wants_conn:
-            assert self.spool is not None  # opened by _main: this child serves such handlers
-            work = functools.partial(
-                runs.run_in_transaction, self.executor, job, schema=self.spec.schema,
-                pool=self.spool,
-            )  # fmt: skip
-            fut = loop.run_in_executor(self._threads(), work)
         else:
-            fut = loop.run_in_executor(self._threads(), self.executor.run, job)
+            # a pooled connection for one that takes `conn` (the pool opened by _main: this
+            # child serves such handlers)
+            pooled = self.spool.connection if self.spool is not None else None
+            fut = loop.run_in_executor(
+                self._threads(), runs.run_sync, self.executor, job, self.spec.schema, pooled
+            )
         flight = InFlight(job, entry, fut)
         self.running[job.id] = flight
         self.per_type[job.type] = self.per_type.get(job.type, 0) + 1
@@ -287,15 +285,14 @@ class InFlightWorker(Admission, BaseWorker):
             self.alone = None
             self.run_alone.discard(job.id)
         if fut.cancelled():
-            self.done.append((flight, None))
+            log.info("job id=%s was cancelled: its task stopped", job.id)
+            self.done.append(Lost(job, 0.0))
+        elif (exc := fut.exception()) is not None:  # not the handler's (the executor
+            # catches those): ours
+            log.error("job id=%s: the worker failed running it: %r", job.id, exc)
+            self.done.append(self.executor.failed(job, Exception(repr(exc)), 0.0))
         else:
-            exc = fut.exception()
-            if exc is not None:  # not the handler's (the executor catches those): ours
-                log.error("job id=%s: the worker failed running it: %r", job.id, exc)
-                ran = self.executor.failed(job, Exception(repr(exc)), 0.0)
-                self.done.append((flight, ran))
-            else:
-                self.done.append((flight, fut.result()))
+            self.done.append(fut.result())
         if self.changed is not None:
             self.changed.set()
 
@@ -303,26 +300,8 @@ class InFlightWorker(Admission, BaseWorker):
         """Write what the ended jobs came to; False after a database error (what is not
         written stays, to be written after the backoff)."""
         while self.done:
-            flight, settlement = self.done[0]
-            job = flight.job
             try:
-                match settlement:
-                    case None:
-                        log.info("job id=%s was cancelled: its task stopped", job.id)
-                        self.completer.lost(job, 0.0)
-                    case Ran():
-                        self.completer.report(self.conn, settlement)
-                    case Committed(_, took):
-                        self.completer.succeeded(job, took)
-                    case Lost(_, took):
-                        self.completer.lost(job, took)
-                    case TimedOut(_, timeout, took):
-                        delay = self.registry.policy(job.type).retry_delay(
-                            job.attempt, self.executor.rng
-                        )
-                        self.completer.timed_out(
-                            self.conn, job, f"timeout after {timeout:g} s", took, delay
-                        )
+                self.completer.settle(self.conn, self.done[0])
             except DatabaseError as exc:
                 await self._database_error(exc)
                 return False

@@ -4,6 +4,7 @@ See the package docstring; what it shares with the in-flight loop is base.BaseWo
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -16,6 +17,7 @@ from pgq_supervisor.errors import DatabaseError
 from pgq_supervisor.ipc import ChildSpec, Idle, JobSlot, Ready
 from pgq_supervisor.jobs import Job
 from pgq_supervisor.registry import Registry
+from pgq_supervisor.worker import runs
 from pgq_supervisor.worker.base import REPORT_EVERY, BaseWorker, Options
 from pgq_supervisor.worker.unstarted import Unstarted
 
@@ -126,8 +128,13 @@ class Worker(BaseWorker):
         self.slot.set(job.id, now, timeout, job.attempt, job.type)
         if titled:
             self._set_title(f"{job.type} {job.id}")
-        self.completer.run(self.conn, job, self.executor)
+        settlement = runs.run_sync(self.executor, job, self.spec.schema, self._own_conn)
+        self.completer.settle(self.conn, settlement)
         self.slot.clear()
+
+    def _own_conn(self) -> contextlib.nullcontext[db.Conn]:
+        """A handler that takes `conn` runs in a transaction on the worker's own connection."""
+        return contextlib.nullcontext(self.conn)
 
     def _idle(self) -> None:
         """The claim found nothing: say so, report, and block until woken or told to stop."""

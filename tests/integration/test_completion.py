@@ -8,6 +8,7 @@ once it comes back, or forgotten to run again.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import nullcontext
 
 import psycopg
 import pytest
@@ -17,6 +18,7 @@ from pgq_supervisor import db
 from pgq_supervisor.db import Conn
 from pgq_supervisor.errors import DatabaseError
 from pgq_supervisor.jobs import JobId, OutcomeKind
+from pgq_supervisor.worker import runs
 from pgq_supervisor.worker.completion import Completer
 from pgq_supervisor.worker.executor import Executor
 from pgq_supervisor.worker.heartbeat import Heartbeat
@@ -81,7 +83,7 @@ def _cut(dsn: str) -> None:
 def _run_all(completer: Completer, conn: Conn, jobs: list[pgq.Job]) -> None:
     executor = Executor(REGISTRY, WORKER)
     for job in jobs:
-        completer.run(conn, job, executor)
+        completer.settle(conn, executor.run(job))
 
 
 def test_successes_ride_on_the_next_claim_in_its_transaction(
@@ -252,7 +254,8 @@ def test_a_commit_that_fails_is_the_jobs_failure_and_undoes_its_writes(
     job_id = pgq.enqueue(conn, "book", {"seat": 1})  # taken: fails only at COMMIT
     completer = Completer(S, WORKER)
     (job,) = completer.claim(worker_conn, registry.claim_policy(["book"]), 1)
-    completer.run(worker_conn, job, Executor(registry, WORKER))
+    ran = runs.run_in_transaction(Executor(registry, WORKER), job, S, nullcontext(worker_conn))
+    completer.settle(worker_conn, ran)
     assert [o.kind for o in completer.take_outcomes()] == [OutcomeKind.FAILED]
     rec = get(conn, job_id)
     assert rec.state is pgq.JobState.FAILED

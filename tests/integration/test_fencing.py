@@ -135,7 +135,7 @@ def test_executor_reports_a_lost_lease_and_writes_nothing(
     pgq.enqueue(conn, "t", {"n": 1})
     executor, completer = Executor(registry, "worker-1"), Completer(S, "worker-1")
     job = claim_one(conn, "t")
-    completer.run(conn, job, executor)
+    completer.settle(conn, executor.run(job))
     completer.flush(conn)
     outcomes = completer.take_outcomes()
     assert [(o.job.id, o.kind) for o in outcomes] == [(job.id, "lost")]

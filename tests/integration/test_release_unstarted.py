@@ -70,7 +70,7 @@ def test_behind_a_long_job_the_rest_goes_back_and_the_successes_before_it_are_wr
         started = time.monotonic() - 10  # the job in hand has run for ten seconds
         unstarted.load(jobs, started)
         assert unstarted.take(started) is first
-        completer.run(conn, first, executor)  # buffered: waits for the next claim
+        completer.settle(conn, executor.run(first))  # buffered: waits for the next claim
         assert get(conn, first.id).state is JobState.RUNNING
         assert unstarted.take(started) is long
         with listening(dsn, "pgq_job_available") as listener:
