@@ -300,16 +300,19 @@ class Completer:
 
     def release(self, conn: db.Conn, jobs: Sequence[Job]) -> None:
         """Jobs claimed but not started go back without consuming an attempt. Never raises:
-        if the write fails the rescuer returns them."""
+        if the write fails the heartbeat keeps them alive and releases them from its thread
+        (without a heartbeat, the rescuer returns them)."""
         if not jobs:
             return
         ids = [j.id for j in jobs]
         try:
             db.release(conn, self.schema, ids=ids, lease=jobs[0].lease)
         except DatabaseError as exc:
-            log.warning("could not release %d claimed jobs (the rescuer will): %s", len(ids), exc)
-        finally:
-            self._drop(jobs[0].lease, ids)
+            log.warning("could not release %d claimed jobs (retrying): %s", len(ids), exc)
+            if self.heartbeat is not None:
+                self.heartbeat.release_later(jobs)
+                return
+        self._drop(jobs[0].lease, ids)
 
     # ---- settling ----
 

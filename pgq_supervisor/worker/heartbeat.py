@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from pgq_supervisor import db
 from pgq_supervisor.backoff import Backoff
@@ -60,6 +60,7 @@ class Heartbeat:
         self._unstarted: Unstarted | None = None
         self._flush: Callable[[db.Conn], None] = lambda conn: None
         self._unreleased: list[Job] = []  # cut, but their release failed: tried again
+        self._handed: list[Job] = []  # the main thread's failed releases (under _lock)
 
     def start(self) -> None:
         self._thread.start()
@@ -69,8 +70,26 @@ class Heartbeat:
         self._wake.set()
         if self._thread.ident is not None:  # started
             self._thread.join(timeout=self._interval + 5)
+        if (self._unreleased or self._handed) and not self._thread.is_alive():
+            # a last try: what stays held now is left to the rescuer, which charges an attempt
+            try:
+                self._release(self._take_handed())
+            except Exception:
+                log.exception("could not release claimed jobs at exit")
         if self._conn is not None:
             self._conn.close()
+
+    def release_later(self, jobs: Sequence[Job]) -> None:
+        """Claimed jobs the main thread could not release (a database error): kept alive here
+        and released from this thread, instead of going stale and being charged by the rescuer."""
+        with self._lock:
+            self._handed.extend(jobs)
+        self._wake.set()
+
+    def _take_handed(self) -> list[Job]:
+        with self._lock:
+            handed, self._handed = self._handed, []
+        return self._unreleased + handed
 
     def hold(self, lease: LeaseToken, ids: list[JobId]) -> None:
         with self._lock:
@@ -109,7 +128,7 @@ class Heartbeat:
         successes buffered before it; and retry any release that failed before. Returns how
         many jobs went back."""
         cut = None if self._unstarted is None else self._unstarted.cut(time.monotonic())
-        jobs = self._unreleased + (cut or [])
+        jobs = self._take_handed() + (cut or [])
         released = self._release(jobs) if jobs else 0
         if cut is not None:
             try:
@@ -220,9 +239,16 @@ class Heartbeat:
             self._wake.clear()
             if self._stop.is_set():
                 break
-            if time.monotonic() >= next_beat:
-                next_beat = time.monotonic() + self.tick()
-            if self.progress.next_due() == 0.0:
-                self.write_progress()
-            if self._unreleased or self._release_in() == 0.0:
-                self.release_unstarted()
+            try:
+                if time.monotonic() >= next_beat:
+                    next_beat = time.monotonic() + self.tick()
+                if self.progress.next_due() == 0.0:
+                    self.write_progress()
+                if self._unreleased or self._handed or self._release_in() == 0.0:
+                    self.release_unstarted()
+            except Exception:  # a bug, or an error that is not a DatabaseError: keep beating
+                # A thread that died here would let every held job go stale: the rescuer
+                # would charge them all, the one in hand too. Start afresh after a backoff.
+                log.exception("heartbeat thread error; carrying on")
+                self._disconnect()
+                next_beat = time.monotonic() + self._backoff.failed()

@@ -121,3 +121,56 @@ def test_the_thread_wakes_for_a_batch_and_gives_back_its_rest_in_time(conn: Conn
         assert unstarted.take(time.monotonic()) is None
     finally:
         hb.stop()
+
+
+def test_a_release_the_main_thread_could_not_write_is_retried_by_the_heartbeat(
+    conn: Conn, dsn: str
+) -> None:
+    """The batch's end releases its unstarted jobs on the job connection; when that write fails
+    they stay held and the heartbeat thread releases them: no attempt is charged (before, they
+    left the heartbeat and the rescuer charged each one)."""
+    hb, completer, _ = _parts(dsn, 60.0)
+    hb.start()
+    try:
+        jobs = _claim(conn, completer, 3)
+        broken = db.connect(dsn)
+        broken.close()  # the job connection gone: the release raises DatabaseError
+        completer.release(broken, jobs)
+        until(lambda: all(_pending_uncharged(conn, j) for j in jobs), "the retried release")
+        assert hb.holding() == 0
+    finally:
+        hb.stop()
+
+
+def test_an_unexpected_error_does_not_end_the_heartbeat_thread(conn: Conn, dsn: str) -> None:
+    """A bug or an error other than DatabaseError once killed the thread silently: every held
+    job then went stale and the rescuer charged them all."""
+    calls: list[str] = []
+
+    def connect() -> Conn:
+        calls.append("connect")
+        if len(calls) == 1:
+            raise RuntimeError("a bug in connecting")
+        return db.connect(dsn, application_name=APP)
+
+    hb = Heartbeat(connect, S, 0.05, WORKER)
+    completer = Completer(S, WORKER, heartbeat=hb)
+    jobs = _claim(conn, completer, 1)
+    conn.execute(
+        "UPDATE pgq.job SET worker_alive_at = now() - interval '1 hour' WHERE id = %s",
+        (jobs[0].id,),
+    )
+    hb.start()
+    try:
+
+        def beaten() -> bool:
+            row = conn.execute(
+                "SELECT worker_alive_at > now() - interval '1 minute' FROM pgq.job WHERE id = %s",
+                (jobs[0].id,),
+            ).fetchone()
+            return bool(row and row[0])
+
+        until(beaten, "a heartbeat after the error")
+        assert len(calls) >= 2
+    finally:
+        hb.stop()
