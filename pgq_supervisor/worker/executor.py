@@ -66,7 +66,9 @@ def _result_json(value: object) -> str | None:
     if value is None:
         return None
     if isinstance(value, pydantic.BaseModel):
-        return value.model_dump_json()
+        # through dump_json too: a NUL or a lone surrogate would make jsonb refuse the whole
+        # batch's completion; here it is this job's failure alone
+        value = value.model_dump(mode="json")
     return db.dump_json(value, "handler result")
 
 

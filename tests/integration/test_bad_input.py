@@ -165,6 +165,10 @@ def test_purge_options_are_checked(conn: Conn) -> None:
         pgq.delete_finished(conn, older_than=0, states=[pgq.JobState.RUNNING])
 
 
+class Echo(pydantic.BaseModel):
+    echo: str
+
+
 class Invoice(pydantic.BaseModel):
     customer: str
     amount_cents: int
@@ -188,7 +192,8 @@ def test_payload_failing_its_model_at_run_time_fails_the_job_naming_the_field(
     assert "amount_cents" in rec.error_msg and "invoice" in rec.error_msg
 
 
-def test_a_result_that_cannot_be_stored_fails_only_its_own_job(conn: Conn) -> None:
+@pytest.mark.parametrize("as_model", [False, True], ids=["a str", "a pydantic model"])
+def test_a_result_that_cannot_be_stored_fails_only_its_own_job(conn: Conn, as_model: bool) -> None:
     registry = pgq.Registry()
 
     @registry.handler("echo")
@@ -196,8 +201,9 @@ def test_a_result_that_cannot_be_stored_fails_only_its_own_job(conn: Conn) -> No
         return {"echo": payload["s"]}
 
     @registry.handler("nul", max_retry_count=3)
-    def nul(payload: dict[str, str]) -> str:
-        return "a\x00b"  # fine in Python, but jsonb cannot hold a NUL
+    def nul(payload: dict[str, str]) -> str | Echo:
+        # fine in Python, but jsonb cannot hold a NUL (a model's result is checked too)
+        return Echo(echo="a\x00b") if as_model else "a\x00b"
 
     good = pgq.enqueue_many(conn, [pgq.NewJob("echo", {"s": str(i)}) for i in range(3)])
     nul_job = pgq.enqueue(conn, "nul", {})
