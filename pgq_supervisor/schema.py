@@ -6,8 +6,9 @@ the files hold no schema name; identifiers are composed with psycopg.sql. Only t
 numbers are recorded (no checksum): an applied file is never read again.
 
 Adding a migration: the next free number; names unqualified, functions with `SET search_path
-FROM CURRENT`; never change a released file (databases that applied it keep the old one). Then
-run `scripts/dump-schema` and commit the regenerated `schema/current.sql` with it:
+FROM CURRENT`; never change what a released file does (databases that applied it keep the
+old one; only the version number is recorded, so a comment may be corrected). Then run
+`scripts/dump-schema` and commit the regenerated `schema/current.sql` with it:
 tests/integration/test_schema_dump.py fails until then.
 """
 
@@ -20,7 +21,7 @@ from typing import LiteralString
 
 import psycopg
 from psycopg import sql
-from psycopg.rows import TupleRow
+from psycopg.rows import TupleRow, tuple_row
 
 from pgq_supervisor.db import atomic, wrapped
 from pgq_supervisor.errors import PgqError
@@ -58,14 +59,15 @@ def available() -> list[Migration]:
 
 
 def applied_versions(conn: psycopg.Connection[TupleRow], schema: str) -> list[int]:
-    with wrapped():
-        exists = conn.execute(
+    # a cursor of tuples: a caller's connection may have another row factory (dict_row)
+    with wrapped(), conn.cursor(row_factory=tuple_row) as cur:
+        exists = cur.execute(
             "SELECT 1 FROM pg_tables WHERE schemaname = %s AND tablename = 'schema_version'",
             (schema,),
         ).fetchone()
         if exists is None:
             return []
-        rows = conn.execute(
+        rows = cur.execute(
             sql.SQL("SELECT version FROM {}.schema_version ORDER BY version").format(
                 sql.Identifier(schema)
             )
@@ -95,7 +97,9 @@ def migrate(conn: psycopg.Connection[TupleRow], schema: str) -> list[int]:
         )
         current = set(applied_versions(conn, schema))
         # In the caller's transaction a SET LOCAL outlives the savepoint: put its path back after.
-        callers_path = conn.execute("SELECT current_setting('search_path')").fetchone()
+        with conn.cursor(row_factory=tuple_row) as cur:
+            row = cur.execute("SELECT current_setting('search_path')").fetchone()
+        callers_path = None if row is None else str(row[0])
         conn.execute(sql.SQL("SET LOCAL search_path TO {}, pg_catalog").format(ident))
         for mig in available():
             if mig.version in current:
@@ -110,7 +114,7 @@ def migrate(conn: psycopg.Connection[TupleRow], schema: str) -> list[int]:
                 (mig.version, mig.name),
             )
             done.append(mig.version)
-        conn.execute("SELECT set_config('search_path', %s, true)", callers_path)
+        conn.execute("SELECT set_config('search_path', %s, true)", (callers_path,))
     return done
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from psycopg.rows import dict_row
 
 import pgq_supervisor as pgq
 from pgq_supervisor import db, schema, testing
@@ -428,6 +429,13 @@ def test_migrating_an_empty_database_gives_the_declared_schema(empty_dsn: str) -
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         assert pgq.migrate(conn, schema="pgq") == _all_versions()
         assert_declared_schema(conn, "pgq")
+
+
+def test_migrate_on_a_connection_with_another_row_factory(empty_dsn: str) -> None:
+    """A caller's connection may read dicts (psycopg's dict_row); our own reads use tuples."""
+    with psycopg.connect(empty_dsn, autocommit=True, row_factory=dict_row) as conn:
+        assert pgq.migrate(conn, schema="pgq") == _all_versions()
+        assert pgq.migrate(conn, schema="pgq") == []
 
 
 def test_migrate_twice_is_a_no_op(empty_dsn: str) -> None:
