@@ -316,6 +316,11 @@ def enqueue_many(
             if link["jobs"]:
                 conn.execute(statement("link_dependencies", schema), link)
             return out
+    if any(k is not None for k in params["unique_keys"]):
+        # the insert and the look-up of the holders of taken keys, in one transaction: on an
+        # autocommit connection a failed look-up must not leave the inserted rows behind
+        with atomic(conn):
+            return _insert_many(conn, schema, jobs, params)
     return _insert_many(conn, schema, jobs, params)
 
 

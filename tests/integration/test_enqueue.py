@@ -126,6 +126,24 @@ def test_unique_key_in_bulk_mixes_new_and_existing_in_input_order(conn: Conn) ->
     assert get(conn, ids[0]).unique_key == "k1"
 
 
+def test_a_bulk_enqueue_whose_key_lookup_fails_leaves_nothing_behind(
+    conn: Conn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The holder of a taken key can finish between the insert and the look-up of its id
+    ("conflicted but its job is gone"): on an autocommit connection the batch's other rows must
+    not stay committed behind the error (a retry would enqueue them twice)."""
+    pgq.enqueue(conn, "sync", unique_key="k2")
+
+    def holder_gone(*args: object) -> list[pgq.JobId]:
+        raise pgq.InvalidInput("unique_key 'k2' conflicted but its job is gone; retry")
+
+    monkeypatch.setattr("pgq_supervisor.db.enqueueing._existing_for_keys", holder_gone)
+    batch = [pgq.NewJob("sync", unique_key="k1"), pgq.NewJob("sync", unique_key="k2")]
+    with pytest.raises(pgq.InvalidInput, match="gone"):
+        pgq.enqueue_many(conn, [*batch, pgq.NewJob("sync")])
+    assert count_rows(conn) == 1  # only the holder
+
+
 def test_unique_key_is_free_again_after_cancel(conn: Conn) -> None:
     first = pgq.enqueue(conn, "sync", unique_key="k")
     pgq.cancel_job(conn, first)
