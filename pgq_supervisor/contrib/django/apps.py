@@ -16,6 +16,11 @@ class PgqConfig(AppConfig):
 
 
 def _upgrade_queue(sender: AppConfig, using: str, **kwargs: object) -> None:
+    from django.db import connections
+
     from pgq_supervisor.contrib.django.backend import migrate_queue
 
-    migrate_queue(using)
+    # post_migrate comes for every database, also from `flush` and each TransactionTestCase:
+    # one that is not PostgreSQL (a sqlite test database, say) holds no queue
+    if connections[using].vendor == "postgresql":
+        migrate_queue(using)

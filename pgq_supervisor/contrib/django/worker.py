@@ -26,8 +26,10 @@ django.setup()
 
 from pgq_supervisor.contrib.django.backend import (  # noqa: E402  (needs Django set up)
     USER_APP_ENV,
+    TaskBackend,
     backend_options,
     job_type,
+    psycopg_connection,
     task_result,
 )
 from pgq_supervisor.contrib.django.compat import (  # noqa: E402
@@ -43,10 +45,13 @@ class TaskPayload(TypedDict):
     kwargs: dict[str, object]
 
 
-def run_task(payload: TaskPayload, job: Job, conn: db.Conn) -> JsonValue:
+def run_task(payload: TaskPayload, job: Job) -> JsonValue:
     """Run the task the payload names; its return value (as JSON) is the job's result.
     Stale Django connections are closed before and after, as a request does (CONN_MAX_AGE,
-    a server that went away): each job starts on a usable one."""
+    a server that went away): each job starts on a usable one. The task writes through
+    Django's own connection, so it takes no `conn` of the worker: a transaction held open on
+    the job connection for the whole task would buy nothing (its writes are elsewhere) and
+    would sit idle in transaction meanwhile (idle_in_transaction_session_timeout, a pooler)."""
     close_old_connections()
     try:
         try:
@@ -58,7 +63,11 @@ def run_task(payload: TaskPayload, job: Job, conn: db.Conn) -> JsonValue:
         args, kwargs = payload["args"], payload["kwargs"]
         if task.takes_context:
             # the TaskResult as get_result() would read it now: attempts from the job's row
-            record = db.get_job(conn, db.default_schema(), job.id)
+            backend = task.get_backend()
+            if isinstance(backend, TaskBackend):
+                record = db.get_job(psycopg_connection(backend.database), backend.schema, job.id)
+            else:
+                record = db.get_job(psycopg_connection(), db.default_schema(), job.id)
             context = TaskContext(task_result=task_result(record, task.backend))
             value = task.call(context, *args, **kwargs)
         else:

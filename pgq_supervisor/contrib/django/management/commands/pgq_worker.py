@@ -8,7 +8,7 @@ import sys
 from argparse import ArgumentParser
 from typing import Any
 
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 from psycopg.conninfo import make_conninfo
 
@@ -52,6 +52,13 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         found = backend_options()
+        places = {(options_database(p), options_schema(p)) for _, p in found}
+        if len(places) > 1:  # one supervisor serves one database and schema
+            raise CommandError(
+                "pgq_worker serves one queue: TASKS has pgq backends in different databases or"
+                f" schemas ({', '.join(f'{d}/{s}' for d, s in sorted(places))}); give them one"
+                " DATABASE and SCHEMA"
+            )
         params = found[0][1] if found else {}
         if options["dsn"] is None and not os.environ.get("PGQ_DSN"):
             # the environment, not argv: a password in argv shows in `ps`
