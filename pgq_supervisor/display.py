@@ -30,7 +30,8 @@ def children_of(record: SupervisorRecord) -> list[dict[str, JsonValue]]:
     return [c for c in listed if isinstance(c, dict)]
 
 
-def _count(value: JsonValue) -> int:
+def count_of(value: JsonValue) -> int:
+    """A count as a child's stored JSON holds it (anything but an int is 0)."""
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
@@ -77,9 +78,9 @@ def not_started(records: Sequence[SupervisorRecord], job: JobRecord) -> NotStart
             running = [str(i) for i in ids] if isinstance(ids, list) else []
             if not running and c.get("job_id"):
                 running = [str(c.get("job_id"))]
-            if _count(c.get("held")) == 0 or str(job.id) in running:
+            if count_of(c.get("held")) == 0 or str(job.id) in running:
                 return None
             return NotStarted(
-                record.host, record.pid, _count(c.get("index")), record.seen_ago, tuple(running)
+                record.host, record.pid, count_of(c.get("index")), record.seen_ago, tuple(running)
             )
     return None

@@ -126,7 +126,7 @@ class Report:
 
 @dataclass(frozen=True, slots=True)
 class Retiring:
-    """The child leaves after this batch (max_jobs_per_child, max_memory_per_child)."""
+    """The child leaves after this batch (max_jobs_per_child, max_memory_per_child, a SIGTERM)."""
 
     reason: str
 

@@ -10,11 +10,11 @@ KillMode=control-group, `timeout(1)` and `kill -- -PGID` signal the whole group,
 children at once, and an operator may signal one child. The child's loop finishes the job in
 hand, releases the rest, tells the supervisor it is leaving (Retiring) and exits 0; the handler
 never raises into the job's code. The supervisor's own SIGTERM to a child (a timeout, a cancel:
-child.Child.terminate) is a kill, told apart by the mark it sets in the child's shared slot
-first (a handler cannot see who sent a signal): then the handler restores the default action
-and raises the signal again, so the child dies of SIGTERM at once, as it always did. A handler
-runs only between bytecodes: a job stuck inside C code delays it, and the supervisor's SIGKILL
-follows after KILL_GRACE as before.
+supervisor/children.Child.terminate) is a kill, told apart by the mark it sets in the child's
+shared slot first (a handler cannot see who sent a signal): then the handler restores the
+default action and raises the signal again, so the child dies of SIGTERM at once, as it always
+did. A handler runs only between bytecodes: a job stuck inside C code delays it, and the
+supervisor's SIGKILL follows after KILL_GRACE as before.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from typing import TypeVar
 from pgq_supervisor import db
 from pgq_supervisor.connect import open_db
 from pgq_supervisor.db.rows import SupervisorRecord
-from pgq_supervisor.display import _count, children_of
+from pgq_supervisor.display import children_of, count_of
 from pgq_supervisor.jobs import JsonValue
 from pgq_supervisor.settings import Settings
 
@@ -53,10 +53,10 @@ def is_stale(record: SupervisorRecord, heartbeat_interval: float) -> bool:
 def in_hand(child: dict[str, JsonValue]) -> str:
     """A child's jobs as the `workers` command and the dashboard show them."""
     job = f"{child.get('job_type')} {child.get('job_id')}" if child.get("job_id") else "-"
-    more = _count(child.get("in_flight")) - 1
+    more = count_of(child.get("in_flight")) - 1
     if more > 0:
         job += f" (+{more} more in flight)"
-    held = _count(child.get("held"))
+    held = count_of(child.get("held"))
     if held > 0:
         job += f" (+{held} claimed, not started)"
     return job

@@ -1,4 +1,4 @@
-"""The schema read back from PostgreSQL's catalogs, for `schema-dump` (admin_schema.py): one
+"""The schema read back from PostgreSQL's catalogs, for `schema-dump` (admin/schema.py): one
 statement per object, by kind, then name (the schema_dump_* statements)."""
 
 from __future__ import annotations
@@ -33,8 +33,9 @@ SCHEMA_OBJECT = NamedRow(SchemaObject)
 
 
 def schema_objects(conn: Conn, schema: str) -> SchemaObjects:
-    """Read `schema` back from the catalogs, in one transaction (a savepoint inside the
-    caller's), with search_path set to it so that its own names print unqualified."""
+    """Read `schema` back from the catalogs, in one transaction, with search_path set to it
+    (SET LOCAL) so that its own names print unqualified. For the schema-dump command's own
+    autocommit connection: in a caller's transaction the search_path would outlive the call."""
     params: SchemaNameParams = {"schema": schema}
     with wrapped(), conn.transaction():
         conn.execute(statement("schema_dump_search_path", schema))

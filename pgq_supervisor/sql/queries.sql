@@ -775,7 +775,7 @@ DELETE FROM {schema}.job
 WHERE id = %(id)s AND state IN ('succeeded', 'failed', 'cancelled')
 RETURNING id
 
--- ---- schema-dump (admin_schema.py): the schema read back from the catalogs ----------------
+-- ---- schema-dump (admin/schema.py): the schema read back from the catalogs ----------------
 -- Each schema_dump_* block but the first two returns (name, definition): one complete
 -- statement per object, ordered by name in the "C" collation (the default collations of
 -- servers differ, e.g. on where "_" sorts). They run after schema_dump_search_path, so the

@@ -18,7 +18,7 @@ whole group (systemd's KillMode=control-group, `timeout(1)`, `kill -- -PGID`) wo
 kill it while its children finish their jobs, and the exit codes it relays to the supervisor
 would be lost (every child would read as `exit code 255`, a worker death). It exits when the
 supervisor does (multiprocessing closes its pipe), or by SIGKILL. A child installs its own
-SIGTERM handler first thing (worker.child_main).
+SIGTERM handler first thing (worker/main.child_main).
 """
 
 from __future__ import annotations

@@ -23,7 +23,8 @@ lets the Completer write or forget its buffer. Pipe EOF (the supervisor is gone)
 child finish the job in hand and exit. SIGINT is ignored (Ctrl-C reaches the supervisor too,
 and it stops the children). SIGTERM is a stop, as Stop is, and the child tells the supervisor it
 leaves (Retiring): the handler only records it and wakes the loop (signals.ChildSignals), the
-job in hand runs to its end.
+job in hand runs to its end. The supervisor's own SIGTERM (a timeout, a cancel) is a kill: it
+marks the slot first, and the handler then dies of the signal at once.
 
 Modules: main.py (child_main: boot, then one of the two workers), base.py (BaseWorker: what
 both loops share, and what they run jobs with), sync.py (Worker, one job at a time),

@@ -1,7 +1,7 @@
 """A child's batch while it runs, shared by two threads, so no job waits behind a slow one
 (issue 20).
 
-    main thread (worker.py)                      pgq-heartbeat thread (heartbeat.py)
+    main thread (worker/sync.py)                pgq-heartbeat thread (heartbeat.py)
       load(batch) after a claim                    wakes at due(): the job in hand's start
       take(now) → the next job, or None              + release_after
       finish() → the rest, to release              cut(now) → the jobs not started, to release
