@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -118,6 +119,26 @@ def test_rolling_back_the_view_removes_its_jobs_even_the_first_statement(
         ship.get_result(ids["task"])
     with pytest.raises(TaskResultDoesNotExist):
         add.get_result(ids["first"])
+
+
+@pytest.mark.parametrize("commit", [True, False], ids=["commit", "rollback"])
+def test_our_own_api_takes_djangos_connection_in_its_atomic(django_dsn: str, commit: bool) -> None:
+    """pgq.enqueue(django.db.connection, ...) with no unwrapping: inside atomic(), even as its
+    first statement, the job commits or rolls back with the block."""
+    from django.db import connection, transaction
+
+    import pgq_supervisor as pgq
+
+    class Undo(Exception):
+        pass
+
+    with pytest.raises(Undo) if not commit else contextlib.nullcontext(), transaction.atomic():
+        job_id = pgq.enqueue(connection, "noop", {"via": "django"})
+        if not commit:
+            raise Undo
+    with psycopg.connect(django_dsn, autocommit=True) as check:
+        row = check.execute("SELECT count(*) FROM pgq.job WHERE id = %s", (job_id,)).fetchone()
+    assert row == (1 if commit else 0,)
 
 
 def test_a_failing_task_reports_its_error(django_dsn: str, worker: Path) -> None:
