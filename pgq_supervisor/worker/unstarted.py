@@ -1,5 +1,4 @@
-"""A child's batch while it runs, shared by two threads, so no job waits behind a slow one
-(issue 20).
+"""A child's batch while it runs, shared by two threads, so no job waits behind a slow one.
 
     main thread (worker/sync.py)                pgq-heartbeat thread (heartbeat.py)
       load(batch) after a claim                    wakes at due(): the job in hand's start
