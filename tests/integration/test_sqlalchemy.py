@@ -28,11 +28,19 @@ INSERT = text("INSERT INTO orders (note) VALUES (:note)")
 def sa_url(dsn: str) -> URL:
     """The SQLAlchemy URL (psycopg dialect) of a libpq keyword DSN."""
     d = psycopg.conninfo.conninfo_to_dict(dsn)
-    port = d.get("port")
+    host, port = str(d.get("host", "127.0.0.1")), d.get("port")
+    if host.startswith("/"):  # a Unix socket (the embedded server): libpq's options in the query
+        query = {"host": host} | ({} if port is None else {"port": str(port)})
+        return URL.create(
+            "postgresql+psycopg",
+            username=str(d.get("user", "postgres")),
+            database=str(d["dbname"]),
+            query=query,
+        )
     return URL.create(
         "postgresql+psycopg",
         username=str(d.get("user", "postgres")),
-        host=str(d.get("host", "127.0.0.1")),
+        host=host,
         port=int(str(port)) if port is not None else None,
         database=str(d["dbname"]),
     )
