@@ -284,13 +284,16 @@ def _dashboard_auth(settings: Settings) -> Authorize | None:
 
 
 def cmd_dashboard(args: argparse.Namespace, settings: Settings) -> int:
-    """Serve pgq_supervisor.web on host:port until SIGINT/SIGTERM (uvicorn's handling)."""
+    """Serve pgq_supervisor.web on host:port until SIGINT/SIGTERM (uvicorn's handling), then
+    exit 0."""
+    import signal
     import socket
 
     try:
         import uvicorn
 
         from pgq_supervisor.web import create_app
+        from pgq_supervisor.web.access import RequestLog
     except ImportError as exc:
         raise ConfigError(
             f"the dashboard needs the web extra (pip install 'pgq-supervisor[web]'): {exc}"
@@ -326,8 +329,20 @@ def cmd_dashboard(args: argparse.Namespace, settings: Settings) -> int:
             " --allow-unauthenticated-actions, to act"
         )
     print(f"dashboard on http://{args.host}:{args.port}/ ({how})", flush=True)
+    # uvicorn stops on SIGTERM/SIGINT, then raises the signal again under the handler it found:
+    # the default one would kill the process (exit 143) after a clean stop. A stop is no failure.
+    stops = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+        uvicorn.run(
+            RequestLog(app),
+            host=args.host,
+            port=args.port,
+            log_level="warning",
+            log_config=None,  # our handlers and format (text or json), not uvicorn's
+            access_log=False,  # RequestLog logs each request at DEBUG instead of INFO
+        )
     finally:
+        for sig, previous in stops.items():
+            signal.signal(sig, previous)
         app.state.pgq_close()
     return 0
