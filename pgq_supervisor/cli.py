@@ -90,18 +90,20 @@ def build_parser() -> argparse.ArgumentParser:
     mig.set_defaults(handler=cmd_migrate)
 
     enq = sub.add_parser("enqueue", parents=[common], help="enqueue one job")
-    enq.add_argument("type")
+    enq.add_argument("type", help="the job type")
     enq.add_argument("payload", help="JSON object")
-    enq.add_argument("--priority", type=int, default=0)
+    enq.add_argument("--priority", type=int, default=0, help="higher runs first (default 0)")
     enq.add_argument("--start-in", help="delay, e.g. 30s, 5m, 2h, 1d")
-    enq.add_argument("--unique-key")
-    enq.add_argument("--concurrency-key")
-    enq.add_argument("--max-retry-count", type=int)
+    enq.add_argument(
+        "--unique-key", help="unique among unfinished jobs: the holder's id is printed"
+    )
+    enq.add_argument("--concurrency-key", help="the key of the type's key_concurrency limit")
+    enq.add_argument("--max-retry-count", type=int, help="retries after the first attempt")
     enq.set_defaults(handler=cmd_enqueue)
 
     demo = sub.add_parser("demo", parents=[common], help="run sample jobs through a supervisor")
-    demo.add_argument("--jobs", type=int, default=300)
-    demo.add_argument("--procs", type=int, default=None)
+    demo.add_argument("--jobs", type=int, default=300, help="sample jobs (default 300)")
+    demo.add_argument("--procs", type=int, default=None, help="child processes (default: CPUs)")
     demo.set_defaults(handler=cmd_demo)
 
     dash = sub.add_parser(
