@@ -90,18 +90,20 @@ def build_parser() -> argparse.ArgumentParser:
     mig.set_defaults(handler=cmd_migrate)
 
     enq = sub.add_parser("enqueue", parents=[common], help="enqueue one job")
-    enq.add_argument("type")
+    enq.add_argument("type", help="the job type")
     enq.add_argument("payload", help="JSON object")
-    enq.add_argument("--priority", type=int, default=0)
+    enq.add_argument("--priority", type=int, default=0, help="higher runs first (default 0)")
     enq.add_argument("--start-in", help="delay, e.g. 30s, 5m, 2h, 1d")
-    enq.add_argument("--unique-key")
-    enq.add_argument("--concurrency-key")
-    enq.add_argument("--max-retry-count", type=int)
+    enq.add_argument(
+        "--unique-key", help="unique among unfinished jobs: the holder's id is printed"
+    )
+    enq.add_argument("--concurrency-key", help="the key of the type's key_concurrency limit")
+    enq.add_argument("--max-retry-count", type=int, help="retries after the first attempt")
     enq.set_defaults(handler=cmd_enqueue)
 
     demo = sub.add_parser("demo", parents=[common], help="run sample jobs through a supervisor")
-    demo.add_argument("--jobs", type=int, default=300)
-    demo.add_argument("--procs", type=int, default=None)
+    demo.add_argument("--jobs", type=int, default=300, help="sample jobs (default 300)")
+    demo.add_argument("--procs", type=int, default=None, help="child processes (default: CPUs)")
     demo.set_defaults(handler=cmd_demo)
 
     dash = sub.add_parser(
@@ -284,13 +286,16 @@ def _dashboard_auth(settings: Settings) -> Authorize | None:
 
 
 def cmd_dashboard(args: argparse.Namespace, settings: Settings) -> int:
-    """Serve pgq_supervisor.web on host:port until SIGINT/SIGTERM (uvicorn's handling)."""
+    """Serve pgq_supervisor.web on host:port until SIGINT/SIGTERM (uvicorn's handling), then
+    exit 0."""
+    import signal
     import socket
 
     try:
         import uvicorn
 
         from pgq_supervisor.web import create_app
+        from pgq_supervisor.web.access import RequestLog
     except ImportError as exc:
         raise ConfigError(
             f"the dashboard needs the web extra (pip install 'pgq-supervisor[web]'): {exc}"
@@ -326,8 +331,20 @@ def cmd_dashboard(args: argparse.Namespace, settings: Settings) -> int:
             " --allow-unauthenticated-actions, to act"
         )
     print(f"dashboard on http://{args.host}:{args.port}/ ({how})", flush=True)
+    # uvicorn stops on SIGTERM/SIGINT, then raises the signal again under the handler it found:
+    # the default one would kill the process (exit 143) after a clean stop. A stop is no failure.
+    stops = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+        uvicorn.run(
+            RequestLog(app),
+            host=args.host,
+            port=args.port,
+            log_level="warning",
+            log_config=None,  # our handlers and format (text or json), not uvicorn's
+            access_log=False,  # RequestLog logs each request at DEBUG instead of INFO
+        )
     finally:
+        for sig, previous in stops.items():
+            signal.signal(sig, previous)
         app.state.pgq_close()
     return 0

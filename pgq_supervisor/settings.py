@@ -50,7 +50,9 @@ class Settings(BaseSettings):
         allow_inf_nan=False,  # an infinite interval or timeout is a typo, not a setting
     )
 
-    dsn: str | None = Field(None, description="PostgreSQL connection string; unset = embedded")
+    dsn: str | None = Field(
+        None, description="PostgreSQL connection string; unset = embedded server in .pgq/pgdata"
+    )
     listen_dsn: str | None = Field(
         None, description="DSN of the supervisor's LISTEN connection only; unset = dsn"
     )
@@ -58,22 +60,43 @@ class Settings(BaseSettings):
         5, ge=0, description="psycopg's prepare_threshold; none = no server-side prepares"
     )
     app: str | None = Field(None, description="module:attribute of the handlers' Registry")
-    procs: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1, le=512)
+    procs: int = Field(
+        default_factory=lambda: os.cpu_count() or 1,
+        ge=1,
+        le=512,
+        description="child processes; default the CPU count (a container's is the node's)",
+    )
     types: list[str] | None = Field(None, description="serve only these job types")
-    heartbeat_interval: float = Field(5.0, gt=0, le=MAX_DURATION)
-    dead_after: float = Field(30.0, gt=0, le=MAX_DURATION)
-    poll_interval: float = Field(2.0, gt=0, le=MAX_DURATION)
+    heartbeat_interval: float = Field(
+        5.0, gt=0, le=MAX_DURATION, description="seconds between refreshes of worker_alive_at"
+    )
+    dead_after: float = Field(
+        30.0,
+        gt=0,
+        le=MAX_DURATION,
+        description="heartbeat age (s) after which a job is rescued; >= 3 x heartbeat_interval",
+    )
+    poll_interval: float = Field(
+        2.0,
+        gt=0,
+        le=MAX_DURATION,
+        description="seconds between jittered fallback polls (queue metrics, due jobs too)",
+    )
     rescue_interval: float | None = Field(
         None,
         gt=0,
         le=MAX_DURATION,
         description="seconds between rescues of stale heartbeats; unset = min(10, dead_after/4)",
     )
-    shutdown_timeout: float = Field(30.0, ge=0, le=MAX_DURATION)
+    shutdown_timeout: float = Field(
+        30.0, ge=0, le=MAX_DURATION, description="seconds running jobs may finish after SIGTERM"
+    )
     connect_timeout: float = Field(
         15.0, gt=0, le=MAX_DURATION, description="start-up wait for the database"
     )
-    max_jobs_per_child: int | None = Field(None, ge=1)
+    max_jobs_per_child: int | None = Field(
+        None, ge=1, description="recycle a child after this many jobs; unset = never"
+    )
     max_memory_per_child: int | None = Field(None, ge=1, description="MiB of RSS")
     worker_synchronous_commit: bool = Field(
         False, description="sync commit for claims/heartbeats/completions (on behind PgBouncer)"
@@ -87,8 +110,10 @@ class Settings(BaseSettings):
         allow_inf_nan=False,
         description="seconds a child's claimed, unstarted jobs may wait behind a running one",
     )
-    metrics_port: int | None = Field(None, ge=0, le=65535)
-    metrics_host: str = "0.0.0.0"
+    metrics_port: int | None = Field(
+        None, ge=0, le=65535, description="serve /metrics, /healthz, /readyz here; unset = off"
+    )
+    metrics_host: str = Field("0.0.0.0", description="address of the metrics server")
     retain_succeeded: float | None = Field(
         None,
         gt=0,
@@ -113,11 +138,17 @@ class Settings(BaseSettings):
     dashboard_password: SecretStr | None = Field(
         None, description="the dashboard command's HTTP Basic password (env or .env only)"
     )
-    log_format: Literal["text", "json"] = "text"
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["text", "json"] = Field("text", description="text | json")
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        "info", description="debug | info | warning | error"
+    )
     # "schema" would shadow BaseModel.schema; the flag and env names stay --schema / PGQ_SCHEMA
     db_schema: str = Field(
-        "pgq", validation_alias=AliasChoices("schema", "PGQ_SCHEMA"), min_length=1, max_length=63
+        "pgq",
+        validation_alias=AliasChoices("schema", "PGQ_SCHEMA"),
+        min_length=1,
+        max_length=63,
+        description="schema holding the queue's tables",
     )
 
     @property

@@ -78,7 +78,7 @@ def add_commands(sub: argparse._SubParsersAction[Parser], common: Parser) -> Non
     p.set_defaults(handler=cmd_jobs)
 
     p = sub.add_parser("show", parents=parents, help="one job in full, with its attempt history")
-    p.add_argument("id", type=_job_id)
+    p.add_argument("id", type=_job_id, help="the job's id")
     p.set_defaults(handler=cmd_show)
 
     p = sub.add_parser("retry", parents=parents, help="put a finished job (or all failed) back")
@@ -90,7 +90,7 @@ def add_commands(sub: argparse._SubParsersAction[Parser], common: Parser) -> Non
     p.set_defaults(handler=cmd_retry)
 
     p = sub.add_parser("cancel", parents=parents, help="cancel a pending or running job")
-    p.add_argument("id", type=_job_id)
+    p.add_argument("id", type=_job_id, help="the job to cancel")
     p.set_defaults(handler=cmd_cancel)
 
     p = sub.add_parser("purge", parents=parents, help="delete finished jobs older than a duration")
@@ -106,12 +106,12 @@ def add_commands(sub: argparse._SubParsersAction[Parser], common: Parser) -> Non
     admin_schedules.add_command(sub, parents)
 
     p = sub.add_parser("pause", parents=parents, help="stop claiming a job type (idempotent)")
-    p.add_argument("type", type=_job_type)
+    p.add_argument("type", type=_job_type, help="the job type to pause")
     p.add_argument("--reason", help="why, shown by status")
     p.set_defaults(handler=cmd_pause)
 
     p = sub.add_parser("resume", parents=parents, help="claim a paused job type again")
-    p.add_argument("type", type=_job_type)
+    p.add_argument("type", type=_job_type, help="the job type to resume")
     p.set_defaults(handler=cmd_resume)
 
     admin_workers.add_command(sub, parents)

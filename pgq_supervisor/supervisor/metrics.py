@@ -28,25 +28,57 @@ LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.
 class Metrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
-        self.ready = Gauge("pgq_jobs_ready", "Pending jobs eligible now", ["type"], registry=r)
-        self.delayed = Gauge("pgq_jobs_delayed", "Pending jobs not yet due", ["type"], registry=r)
-        self.running = Gauge("pgq_jobs_running", "Running jobs (all workers)", ["type"], registry=r)
+        self.ready = Gauge(
+            "pgq_jobs_ready", "Pending jobs due now (whole database)", ["type"], registry=r
+        )
+        self.delayed = Gauge(
+            "pgq_jobs_delayed",
+            "Pending jobs not due yet: start_at in the future, retry backoff (whole database)",
+            ["type"],
+            registry=r,
+        )
+        self.running = Gauge(
+            "pgq_jobs_running",
+            "Running jobs, held by any worker (whole database)",
+            ["type"],
+            registry=r,
+        )
         self.oldest_ready = Gauge(
-            "pgq_oldest_ready_age_seconds", "Age of the oldest ready job", ["type"], registry=r
+            "pgq_oldest_ready_age_seconds",
+            "How long the oldest ready job has been due, 0 when none (whole database)",
+            ["type"],
+            registry=r,
         )
         self.finished = Counter(
-            "pgq_jobs_total", "Attempts ended here, by outcome", ["type", "outcome"], registry=r
+            "pgq_jobs_total",
+            "Attempts ended in this supervisor's children: succeeded, retried (will run again),"
+            " failed (for good), lost (the lease was gone: nothing written)",
+            ["type", "outcome"],
+            registry=r,
         )
         self.rescued = Counter(
-            "pgq_jobs_rescued_total", "Jobs reclaimed from stale heartbeats", registry=r
+            "pgq_jobs_rescued_total",
+            "Jobs this supervisor's rescuer reclaimed from stale heartbeats (of any pod)",
+            registry=r,
         )
         self.deaths = Counter(
-            "pgq_worker_deaths_total", "Children that died holding a job", ["type"], registry=r
+            "pgq_worker_deaths_total",
+            "Attempts ended because the child died holding the job (each also retries or fails it)",
+            ["type"],
+            registry=r,
         )
         self.timeouts = Counter(
-            "pgq_job_timeouts_total", "Jobs killed on timeout", ["type"], registry=r
+            "pgq_job_timeouts_total",
+            "Attempts ended by killing the child after the job's timeout",
+            ["type"],
+            registry=r,
         )
-        self.restarts = Counter("pgq_child_restarts_total", "Children respawned", registry=r)
+        self.restarts = Counter(
+            "pgq_child_restarts_total",
+            "Children respawned: after a death, or recycled by max_jobs_per_child or"
+            " max_memory_per_child",
+            registry=r,
+        )
         self.pruned = Counter(
             "pgq_jobs_pruned_total",
             "Finished jobs deleted by retention (state: succeeded, or failed for failed and"
@@ -63,14 +95,14 @@ class Metrics:
         )
         self.duration = Histogram(
             "pgq_job_duration_seconds",
-            "Handler run time",
+            "Handler run time of the attempts in pgq_jobs_total",
             ["type"],
             buckets=DURATION_BUCKETS,
             registry=r,
         )
         self.wake_latency = Histogram(
             "pgq_wake_latency_seconds",
-            "Wake-up sent to jobs claimed",
+            "From the supervisor waking an idle child to the claim that found work",
             buckets=LATENCY_BUCKETS,
             registry=r,
         )

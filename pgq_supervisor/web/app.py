@@ -17,7 +17,7 @@ reads the cookie first, so actions need authentication: without an `authorize` (
 (303) to the page it came from with a one-line message, kept in a cookie for the next page.
 
 Live updates are short polls: live.js asks for the page's live part every 2 s with the ETag it
-has, and the server answers 304 when nothing changed (see the README for why not SSE).
+has, and the server answers 304 when nothing changed (docs/dashboard.md says why not SSE).
 
 The app reads through a psycopg_pool.ConnectionPool (made from a DSN, or the caller's own) in
 Starlette's thread pool. Each checkout turns off prepared statements for its use, so each query

@@ -5,6 +5,7 @@ loud. Real command, real HTTP; what the app does behind it is in tests/integrati
 from __future__ import annotations
 
 import re
+import signal
 from collections.abc import Iterator
 
 import httpx
@@ -13,6 +14,7 @@ import pytest
 from tests.acceptance.conftest import Conn
 from tests.acceptance.dashboard import Dashboard, free_port
 from tests.support.processes import run_cli
+from tests.support.waiting import wait_for
 
 CREDENTIALS = {"PGQ_DASHBOARD_USER": "oncall", "PGQ_DASHBOARD_PASSWORD": "s3cret"}
 
@@ -98,3 +100,21 @@ def test_a_user_without_a_password_or_the_reverse_is_one_line_exit_2(dsn: str, g
         len(lines) == 1 and "PGQ_DASHBOARD_USER and PGQ_DASHBOARD_PASSWORD go together" in lines[0]
     )
     assert "s3cret" not in out.stderr
+
+
+@pytest.mark.parametrize("level", ["debug", "info"])
+def test_sigterm_stops_it_with_exit_0_and_requests_are_logged_at_debug_only(
+    dsn: str, started: list[Dashboard], level: str
+) -> None:
+    dash = _start(started, dsn, "--log-level", level)
+    assert httpx.get(dash.url + "/jobs?state=failed").status_code == 200
+    if level == "debug":
+        wait_for("the request's DEBUG line", lambda: "GET /jobs?state=failed 200" in dash.log())
+    dash.proc.send_signal(signal.SIGTERM)
+    assert dash.proc.wait(timeout=30) == 0, dash.log()
+    logged = [line for line in dash.log().splitlines() if "GET /" in line]
+    if level == "debug":
+        assert len(logged) == 2 and all(" DEBUG " in line for line in logged), logged
+        assert re.search(r"GET /jobs\?state=failed 200 [\d.]+ ms$", logged[-1]), logged
+    else:
+        assert logged == []  # nor uvicorn's INFO access line

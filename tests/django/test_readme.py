@@ -1,6 +1,6 @@
-"""The README's Django section, followed on a fresh project (`django-admin startproject`): its
-settings, its task and its commands as written, then a task enqueued and its result read
-through TaskResult.refresh()."""
+"""The Django section of docs/frameworks.md, followed on a fresh project (`django-admin
+startproject`): its settings, its task and its commands as written, then a task enqueued and
+its result read through TaskResult.refresh()."""
 
 from __future__ import annotations
 
@@ -32,8 +32,8 @@ print(result.status, result.return_value)
 
 
 def readme_blocks() -> list[tuple[str, str]]:
-    text = (ROOT / "README.md").read_text()
-    section = text.split("\n### Django\n", 1)[1].split("\n## ", 1)[0].split("\n### ", 1)[0]
+    text = (ROOT / "docs" / "frameworks.md").read_text()
+    section = text.split("\n## Django\n", 1)[1].split("\n## ", 1)[0]
     return re.findall(r"```(\w+)\n(.*?)```", section, flags=re.S)
 
 

@@ -206,9 +206,9 @@ def test_the_readme_block_runs_as_written(
     engine: Engine, dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     (code,) = blocks("SQLAlchemy", "python")
-    monkeypatch.setenv("DATABASE_URL", engine.url.render_as_string(hide_password=False))
+    monkeypatch.setenv("PGQ_DSN", dsn)
     namespace: dict[str, object] = {}
-    exec(compile(code, "README.md", "exec"), namespace)
+    exec(compile(code, "docs/frameworks.md", "exec"), namespace)
     with psycopg.connect(dsn) as other:
         assert other.execute("SELECT path FROM upload").fetchall() == [("a.png",)]
         job = other.execute("SELECT id FROM pgq.job").fetchone()

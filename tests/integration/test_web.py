@@ -7,7 +7,6 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 from starlette.applications import Starlette
@@ -22,6 +21,7 @@ from pgq_supervisor.jobs import AttemptKind, JobId, JobState, JsonValue, NewJob
 from pgq_supervisor.periodic import Schedule
 from pgq_supervisor.web import ACTIONS, create_app
 from pgq_supervisor.web.app import Action
+from tests.readme import doc_texts
 from tests.support.db import SCHEMA, claim, claim_one, count_rows, get
 
 CSRF_RE = re.compile(r'name="csrf" value="([^"]+)"')
@@ -290,7 +290,7 @@ def test_overview_counts_throughput_of_the_last_hour(client: TestClient, conn: C
 def test_the_readme_http_basic_example_asks_checks_and_separates_roles(
     dsn: str, conn: Conn
 ) -> None:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    readme = next(t for t in doc_texts() if "```python\nimport base64, binascii, hmac" in t)
     code = readme.split("```python\nimport base64, binascii, hmac")[1].split("```")[0]
     scope: dict[str, object] = {}
     exec("import base64, binascii, hmac" + code, scope)
