@@ -92,12 +92,12 @@ class ControlConnection:
         return result
 
     def connect(self) -> bool:
-        """Connect now unless connected or backing off; False if it could not."""
+        """Connect now unless connected or backing off; False if it could not. (Readiness,
+        `ok`, waits for a use that succeeds.)"""
         try:
             self._connection()
         except ControlDown:
             return False
-        self.ok = True
         return True
 
     def _connection(self) -> db.Conn:
