@@ -73,6 +73,13 @@ class Settings(BaseSettings):
     connect_timeout: float = Field(
         15.0, gt=0, le=MAX_DURATION, description="start-up wait for the database"
     )
+    max_jobs_per_child: int | None = Field(None, ge=1)
+    max_memory_per_child: int | None = Field(None, ge=1, description="MiB of RSS")
+    worker_synchronous_commit: bool = Field(
+        False, description="sync commit for claims/heartbeats/completions (on behind PgBouncer)"
+    )
+    claim_batch: int = Field(100, ge=1, le=200, description="most jobs one claim may take")
+    concurrency: int = Field(1, ge=1, le=1000, description="most jobs one child runs at once")
     connection_budget: Literal["shrink", "refuse", "off"] = Field(
         "shrink",
         description="when the connections procs need do not fit at start: shrink (run the"
@@ -84,13 +91,6 @@ class Settings(BaseSettings):
         le=100_000,
         description="connection slots the supervisor leaves free for the application at start",
     )
-    max_jobs_per_child: int | None = Field(None, ge=1)
-    max_memory_per_child: int | None = Field(None, ge=1, description="MiB of RSS")
-    worker_synchronous_commit: bool = Field(
-        False, description="sync commit for claims/heartbeats/completions (on behind PgBouncer)"
-    )
-    claim_batch: int = Field(100, ge=1, le=200, description="most jobs one claim may take")
-    concurrency: int = Field(1, ge=1, le=1000, description="most jobs one child runs at once")
     child_pool_size: int | None = Field(
         None,
         ge=1,

@@ -11,9 +11,10 @@ child's jobs, the application's own connections refused (issue 27).
 
 When it does not fit, `connection_budget` decides: `shrink` (the default) caps the pools (to
 one connection each at least), then runs as many children as fit, with a WARNING; `refuse`
-exits; `off` checks nothing (behind PgBouncer, whose pool is the budget). Exits are one line: 2 (a configuration error) when the limits
-could never hold it, whoever else is connected; 1 when only the connections in use now leave
-too little (as for a database that cannot be reached: trying later may work). Nothing here
+exits; `off` checks nothing (behind PgBouncer, whose pool is the budget). Exits are one line:
+2 (a configuration error) when the limits could never hold it, whoever else is connected; 1
+when only the connections in use now leave too little (as for a database that cannot be
+reached: trying later may work). Nothing here
 does I/O: the limits are read by db.connection_limits.
 """
 

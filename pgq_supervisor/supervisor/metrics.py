@@ -47,12 +47,6 @@ class Metrics:
             "pgq_job_timeouts_total", "Jobs killed on timeout", ["type"], registry=r
         )
         self.restarts = Counter("pgq_child_restarts_total", "Children respawned", registry=r)
-        self.boot_failures = Counter(
-            "pgq_child_boot_failures_total",
-            "Children that exited before they could claim (could not connect: respawned after a"
-            " jittered backoff; /readyz says not ready until each such child starts)",
-            registry=r,
-        )
         self.pruned = Counter(
             "pgq_jobs_pruned_total",
             "Finished jobs deleted by retention (state: succeeded, or failed for failed and"
@@ -61,6 +55,12 @@ class Metrics:
             registry=r,
         )
         self.children = Gauge("pgq_children", "Live child processes", registry=r)
+        self.boot_failures = Counter(
+            "pgq_child_boot_failures_total",
+            "Children that exited before they could claim (could not connect: respawned after a"
+            " jittered backoff; /readyz says not ready until each such child starts)",
+            registry=r,
+        )
         self.in_flight = Gauge(
             "pgq_child_jobs_in_flight",
             "Jobs a child runs now (its concurrency at most), read from its slot each second",
