@@ -82,8 +82,9 @@ class Settings(BaseSettings):
     concurrency: int = Field(1, ge=1, le=1000, description="most jobs one child runs at once")
     connection_budget: Literal["shrink", "refuse", "off"] = Field(
         "shrink",
-        description="when the connections procs need do not fit at start: shrink (run the"
-        " children that fit, with a warning), refuse (exit), off (no check: behind PgBouncer)",
+        description="when the connections procs need do not fit at start: shrink (cap the"
+        " children's pools, then run the children that fit, with a warning), refuse (exit),"
+        " off (no check: behind PgBouncer)",
     )
     connection_headroom: int = Field(
         5,
