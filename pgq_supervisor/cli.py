@@ -24,7 +24,7 @@ from pgq_supervisor.errors import AppLoadError, ConfigError, ExitCode, InvalidIn
 from pgq_supervisor.jobs import NewJob
 from pgq_supervisor.logs import setup_logging
 from pgq_supervisor.redaction import hide_password
-from pgq_supervisor.registry import load_registry
+from pgq_supervisor.registry import Registry, load_registry
 from pgq_supervisor.settings import Settings, load_settings, parse_duration
 
 if TYPE_CHECKING:
@@ -47,10 +47,13 @@ RUN_FLAGS = {
     "--rescue-interval": "rescue_interval",
     "--shutdown-timeout": "shutdown_timeout",
     "--connect-timeout": "connect_timeout",
+    "--connection-budget": "connection_budget",
+    "--connection-headroom": "connection_headroom",
     "--max-jobs-per-child": "max_jobs_per_child",
     "--max-memory-per-child": "max_memory_per_child",
     "--claim-batch": "claim_batch",
     "--concurrency": "concurrency",
+    "--child-pool-size": "child_pool_size",
     "--release-unstarted-after": "release_unstarted_after",
     "--metrics-port": "metrics_port",
     "--metrics-host": "metrics_host",
@@ -83,7 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", parents=[common], help="run the supervisor and its workers")
     for flag, name in RUN_FLAGS.items():
-        run.add_argument(flag, dest=name, metavar=name.upper())
+        run.add_argument(
+            flag, dest=name, metavar=name.upper(), help=Settings.model_fields[name].description
+        )
     run.set_defaults(handler=cmd_run)
 
     mig = sub.add_parser("migrate", parents=[common], help="create or upgrade the schema")
@@ -195,6 +200,7 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
             served,
             {t: (lim.global_, lim.per_key) for t, lim in limits.items()},
         )
+        settings = _fit_connection_budget(conn, settings, registry)
     metrics = Metrics()
     sup = Supervisor(settings, registry, dsn, metrics=metrics)
     server = None
@@ -214,6 +220,25 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     finally:
         if server is not None:
             server.stop()
+
+
+def _fit_connection_budget(conn: db.Conn, settings: Settings, registry: Registry) -> Settings:
+    """The settings with as many procs as the database's connections allow (budget.py), read
+    on the start-up connection, before any child exists."""
+    from pgq_supervisor.supervisor import budget
+
+    if settings.connection_budget == "off":
+        return settings
+    types = settings.types or registry.types
+    need = budget.need(
+        registry, types, settings.procs, settings.concurrency, settings.child_pool_size
+    )
+    limits = db.connection_limits(conn, settings.db_schema)
+    room = budget.room(limits, settings.connection_headroom)
+    fitted = budget.fit(need, room, settings.connection_budget)
+    if fitted.warning is not None:
+        log.warning("%s", fitted.warning)
+    return settings.model_copy(update={"procs": fitted.procs, "child_pool_size": fitted.pool_size})
 
 
 def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:

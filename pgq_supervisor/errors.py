@@ -55,6 +55,11 @@ class DatabaseUnavailable(DatabaseError):
     """The database could not be reached; the message tells host, auth and database apart."""
 
 
+class ConnectionShortage(PgqError):
+    """The database has too few free connections for the supervisor now (its limits could
+    hold it: a ConfigError says when they could not)."""
+
+
 class PermanentError(PgqError):
     """Raised by a handler: fail this job now, without retrying it."""
 

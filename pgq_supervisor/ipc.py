@@ -8,7 +8,8 @@ Two channels per child:
   names the job's type too (an index into the child's types), so a death's retry backoff needs
   no query; how many claimed jobs the child holds but has not started; and one more byte says
   the supervisor is killing the child (`mark_kill`): a SIGTERM sent then is a kill, any other a
-  stop (signals.ChildSignals).
+  stop (signals.ChildSignals); another, set by the child, that its heartbeat gave up its jobs
+  (`mark_heartbeat_lost`): the supervisor then stops it and releases them.
 """
 
 from __future__ import annotations
@@ -185,7 +186,7 @@ class JobSlot:
         self._attach(
             raw if raw is not None else RawArray(ctypes.c_char, _ENTRY * capacity),
             tuple(types),
-            RawArray(ctypes.c_char, 1),
+            RawArray(ctypes.c_char, 2),  # the kill mark, the heartbeat-lost mark
         )
 
     def _attach(
@@ -223,6 +224,16 @@ class JobSlot:
     @property
     def kill_marked(self) -> bool:
         return self._kill[0] != b"\x00"
+
+    def mark_heartbeat_lost(self) -> None:
+        """The child's heartbeat could not reach the database for a safe part of dead_after:
+        the supervisor must stop the child and release its jobs before they are rescued (an
+        attempt charged, the work running on to be thrown away). Never cleared."""
+        self._kill[1] = b"\x01"
+
+    @property
+    def heartbeat_lost(self) -> bool:
+        return self._kill[1] != b"\x00"
 
     def _write(
         self,
@@ -316,8 +327,11 @@ class ChildSpec:
     log_level: str
     log_format: str
     connect_timeout: float = 30.0
+    # the rescuer takes a job whose heartbeat is this old: the child gives its jobs up sooner
+    dead_after: float = 30.0
     synchronous_commit: bool = False
     prepare_threshold: int | None = db.PREPARE_THRESHOLD
     concurrency: int = 1  # most jobs in flight at once (1: the Worker of worker/sync.py)
+    pool_size: int | None = None  # most connections of each pool for `conn` handlers
     # claimed jobs not started go back once they have waited this long behind a running job
     release_unstarted_after: float = 0.25

@@ -103,6 +103,25 @@ class Settings(BaseSettings):
     )
     claim_batch: int = Field(100, ge=1, le=200, description="most jobs one claim may take")
     concurrency: int = Field(1, ge=1, le=1000, description="most jobs one child runs at once")
+    connection_budget: Literal["shrink", "refuse", "off"] = Field(
+        "shrink",
+        description="when the connections procs need do not fit at start: shrink (cap the"
+        " children's pools, then run the children that fit, with a warning), refuse (exit),"
+        " off (no check: behind PgBouncer)",
+    )
+    connection_headroom: int = Field(
+        5,
+        ge=0,
+        le=100_000,
+        description="connection slots the supervisor leaves free for the application at start",
+    )
+    child_pool_size: int | None = Field(
+        None,
+        ge=1,
+        le=1000,
+        description="most connections each pool of a child opens for handlers that take conn"
+        " (concurrency > 1 or async); unset = as many as such jobs may be in flight",
+    )
     release_unstarted_after: float = Field(
         0.25,
         gt=0,
@@ -190,7 +209,7 @@ class Settings(BaseSettings):
     def _duration(cls, value: object) -> object:
         return parse_duration(value) if isinstance(value, str) else value
 
-    @field_validator("log_level", "log_format", mode="before")
+    @field_validator("log_level", "log_format", "connection_budget", mode="before")
     @classmethod
     def _lower(cls, value: object) -> object:
         return value.lower() if isinstance(value, str) else value

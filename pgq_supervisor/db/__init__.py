@@ -6,7 +6,8 @@ wrapped once, here, into `DatabaseError`. By concern: `connection` (connecting, 
 `atomic`), `enqueueing`, `lifecycle` (the worker's side and the
 rescue), `admin`, `control` (pauses and rates), `watching` (waiters and progress), `schedules`
 (periodic jobs), `supervisors` (registered supervisors), `dashboard` (the web dashboard's
-reads), `catalog` (the schema read back, for schema-dump); `params` and `rows` type what goes
+reads), `catalog` (the schema read back, for schema-dump), `limits` (the server's connection
+limits, for the connection budget); `params` and `rows` type what goes
 in and what comes out.
 """
 
@@ -86,6 +87,7 @@ from pgq_supervisor.db.lifecycle import (
     succeed_and_claim,
     succeed_async,
 )
+from pgq_supervisor.db.limits import ConnectionLimits, connection_limits
 from pgq_supervisor.db.params import ClaimArgs, dump_json
 from pgq_supervisor.db.rows import CancelResult, TypeControl, TypeLimit
 from pgq_supervisor.db.schedules import (
@@ -116,6 +118,7 @@ __all__ = [
     "CancelResult",
     "ClaimArgs",
     "Conn",
+    "ConnectionLimits",
     "SchemaObject",
     "SchemaObjects",
     "TypeControl",
@@ -129,6 +132,7 @@ __all__ = [
     "claim",
     "connect",
     "connect_at_startup",
+    "connection_limits",
     "counting_reads",
     "create_dashboard_indexes",
     "db_now",

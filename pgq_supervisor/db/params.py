@@ -375,6 +375,7 @@ PARAMS: dict[str, type] = {
     "active_stats": NoParams,
     "depth": DepthParams,
     "now": NoParams,
+    "connection_limits": NoParams,
     "summary_by_origin": OriginParams,
     "durable_commit": NoParams,
     "asynchronous_commit": NoParams,

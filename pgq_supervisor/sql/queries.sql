@@ -475,6 +475,36 @@ WHERE state = 'pending' AND waiting_on = 0 AND start_at > now() AND start_at > c
 -- name: now
 SELECT now()
 
+-- name: connection_limits
+-- What this session's role may open on this server, for the supervisor's connection budget at
+-- start (supervisor/budget.py judges it). Superusers pass the role's and the database's limits
+-- and may use the reserved slots; reserved_connections exists from PostgreSQL 16 (NULL before)
+-- and binds roles outside pg_use_reserved_connections. The counts leave out this session (the
+-- caller closes it before the supervisor connects) and what has slots of its own (autovacuum,
+-- auxiliary processes: no role; the replication launcher: no database). Without
+-- pg_read_all_stats a role cannot see other roles' backend_type: their sessions with a role and
+-- a database count, so a parallel worker or a logical WAL sender of theirs counts as one too.
+WITH counted AS (
+  SELECT a.usesysid, a.datid FROM pg_stat_activity a
+  WHERE a.pid <> pg_backend_pid()
+    AND (a.backend_type = 'client backend'
+         OR (a.backend_type IS NULL AND a.usesysid IS NOT NULL AND a.datid IS NOT NULL))
+)
+SELECT current_user::text AS role, current_database()::text AS database,
+       current_setting('max_connections')::int AS max_connections,
+       current_setting('superuser_reserved_connections')::int AS superuser_reserved,
+       coalesce(current_setting('reserved_connections', true)::int, 0) AS reserved,
+       r.rolsuper AS superuser,
+       EXISTS (SELECT 1 FROM pg_roles u WHERE u.rolname = 'pg_use_reserved_connections'
+               AND pg_has_role(u.oid, 'MEMBER')) AS may_use_reserved,
+       r.rolconnlimit AS role_limit,
+       d.datconnlimit AS database_limit,
+       (SELECT count(*) FROM counted)::int AS server_used,
+       (SELECT count(*) FROM counted c WHERE c.usesysid = r.oid)::int AS role_used,
+       (SELECT count(*) FROM counted c WHERE c.datid = d.oid)::int AS database_used
+FROM pg_roles r, pg_database d
+WHERE r.rolname = current_user AND d.datname = current_database()
+
 -- name: active_stats
 -- Pending and running jobs per type, for metrics; reads only the partial indexes' rows.
 SELECT type, state, count(*)::int AS count,

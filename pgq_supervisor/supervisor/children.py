@@ -7,6 +7,7 @@ import enum
 import logging
 import multiprocessing
 import os
+import random
 import signal
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Protocol
 
+from pgq_supervisor.backoff import Backoff
 from pgq_supervisor.errors import ExitCode
 from pgq_supervisor.ipc import (
     BootFailed,
@@ -39,7 +41,11 @@ log = logging.getLogger(__name__)
 
 RESPAWN_MAX = 10.0  # the longest respawn delay of a crash loop
 STABLE_AFTER = 10.0  # a child that lived longer than this before dying ends a crash loop
-MAX_BOOT_FAILURES = 3  # children in a row that fail before their first claim: give up
+# A child that could not connect is spawned again after a jittered backoff from BOOT_RETRY up
+# to BOOT_RETRY_MAX: a database short of connections frees them at its own pace, and children
+# retrying in step would take each slot the application frees.
+BOOT_RETRY = 1.0
+BOOT_RETRY_MAX = 30.0
 KILL_GRACE = 2.0  # SIGTERM to SIGKILL
 RUN_ALONE_AT_SPAWN = 1_000  # the latest jobs to run alone a new child is told of (verdicts.py)
 
@@ -94,6 +100,10 @@ SHUTDOWN = "shutdown"
 # The kill reason of a child stopped because its job was cancelled: that job has already ended
 # (in the cancel's transaction), the rest are released; the death counts as no attempt.
 CANCELLED = "cancelled"
+# The kill reason of a child whose heartbeat could not reach the database for a safe part of
+# dead_after (it says so in its slot): its jobs go back without an attempt before the rescuer
+# would charge them one, and its work so far is not carried on only to be thrown away.
+HEARTBEAT_LOST = "heartbeat lost"
 
 
 def child_spec(
@@ -114,9 +124,11 @@ def child_spec(
         log_level=s.log_level,
         log_format=s.log_format,
         connect_timeout=s.connect_timeout,
+        dead_after=s.dead_after,
         synchronous_commit=s.worker_synchronous_commit,
         prepare_threshold=s.prepare_threshold,
         concurrency=s.concurrency,
+        pool_size=s.child_pool_size,
         release_unstarted_after=s.release_unstarted_after,
     )
 
@@ -129,34 +141,53 @@ class Fatal:
 
 class Respawns:
     """When each child index may be spawned again: a first crash respawns at once, a crash
-    loop backs off, doubling up to RESPAWN_MAX. Children that cannot boot stop the respawning:
-    at once if the app does not load, after MAX_BOOT_FAILURES in a row otherwise."""
+    loop backs off, doubling up to RESPAWN_MAX. A child that could not boot: if the app does
+    not load, the supervisor stops (a configuration error: every child would fail alike); if it
+    could not connect, that index is spawned again after its jittered Backoff, the others
+    working on (`failing` names them until one of theirs is ready)."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self, clock: Callable[[], float], rng: random.Random, counted: Callable[[], object]
+    ) -> None:
+        self.counted = counted  # called for each boot failure (a metric)
         self.at: dict[int, float] = {}
         self.crashes: dict[int, int] = {}
-        self.boot_failures = 0
+        self.clock = clock
+        self.rng = rng
+        self.boot_backoffs: dict[int, Backoff] = {}  # the indexes whose last boot failed
 
-    def child_ready(self) -> None:
-        self.boot_failures = 0
+    @property
+    def failing(self) -> int:
+        """How many child indexes could not boot last time they tried."""
+        return len(self.boot_backoffs)
 
-    def boot_failed(self, failure: BootFailed) -> Fatal | None:
-        """Count a child that could not boot; a Fatal says the supervisor must give up."""
-        self.boot_failures += 1
+    def child_ready(self, index: int) -> None:
+        self.boot_backoffs.pop(index, None)
+
+    def boot_failed(self, index: int, failure: BootFailed, now: float) -> Fatal | None:
+        """A child that could not boot: a Fatal says the supervisor must stop; otherwise the
+        index is spawned again after its backoff (instead of `after_exit`'s delay)."""
+        self.counted()
         if failure.app_error:
             return Fatal(ExitCode.APP_LOAD, f"error: child could not load the app: {failure.error}")
-        if self.boot_failures >= MAX_BOOT_FAILURES:
-            return Fatal(
-                ExitCode.FAILURE,
-                f"error: {self.boot_failures} children failed to start in a row: {failure.error}",
+        backoff = self.boot_backoffs.get(index)
+        if backoff is None:
+            backoff = self.boot_backoffs[index] = Backoff(
+                initial=BOOT_RETRY, maximum=BOOT_RETRY_MAX, clock=self.clock, rng=self.rng
             )
+        delay = backoff.failed()
+        self.at[index] = now + delay
+        log.warning(
+            "child %d could not start (%s): next try in %.1f s", index, failure.error, delay
+        )
         return None
 
     def due(self, index: int, now: float) -> bool:
         return self.at.get(index, 0.0) <= now
 
     def after_exit(self, index: int, lived: float, clean: bool, now: float) -> None:
-        """Schedule the respawn of a child that exited after `lived` seconds."""
+        """Schedule the respawn of a child that exited after `lived` seconds (one that could
+        not boot: `boot_failed`)."""
         n = 0 if clean or lived > STABLE_AFTER else self.crashes.get(index, 0) + 1
         self.crashes[index] = n
         delay = 0.0 if n <= 1 else min(RESPAWN_MAX, 0.1 * 2 ** (n - 1))
@@ -208,7 +239,7 @@ class Child:
     state: ChildState = ChildState.BOOTING
     boot_failure: BootFailed | None = None  # what the child said before exiting
     kill_reason: str | None = None  # e.g. "timeout after 5 s": recorded as the attempt's error
-    kill_job: JobId | None = None  # the job the kill was meant for
+    kill_job: JobId | None = None  # the job the kill was meant for (None: all of them)
     term_sent_at: float | None = None  # when TERMINATING began
     # jobs of this child cancelled in the database (cancels.py): stopped once in hand
     cancelled: set[JobId] = field(default_factory=set)
@@ -256,7 +287,7 @@ class Child:
             self.state = ChildState.STOPPING
             self.send(Stop())
 
-    def terminate(self, now: float, reason: str, job_id: JobId) -> None:
+    def terminate(self, now: float, reason: str, job_id: JobId | None) -> None:
         """SIGTERM for `job_id`, whose attempt records `reason`; SIGKILL follows if needed.
         The slot's kill mark, set first, makes the child die of it rather than stop (a SIGTERM
         from anyone else is a stop: signals.ChildSignals)."""
@@ -287,6 +318,13 @@ class Child:
         elif self.state is ChildState.TERMINATING:
             if self.term_sent_at is not None and now - self.term_sent_at > KILL_GRACE:
                 self.kill()
+        elif self.slot.heartbeat_lost:
+            log.warning(
+                "child %d: its heartbeat cannot reach the database: stopping it, its jobs go"
+                " back without an attempt",
+                self.spec.index,
+            )
+            self.terminate(now, HEARTBEAT_LOST, None)
         elif (job := self.cancelled_in_hand()) is not None:
             log.info("job id=%s was cancelled: stopping child %d", job.job_id, self.spec.index)
             self.stop_cancelled(now, job)

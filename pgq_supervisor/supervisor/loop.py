@@ -128,7 +128,7 @@ class Supervisor:
         self.rng = rng or random.Random()
         self.target = settings.procs
         self.children: dict[int, Child] = {}
-        self.respawns = Respawns()
+        self.respawns = Respawns(clock, self.rng, self.metrics.boot_failures.inc)
         self.missed_wakes = 0
         self.stopping = False
         self.shutdown_deadline: float | None = None
@@ -346,7 +346,7 @@ class Supervisor:
                     else:
                         child.on_idle()
                 case Ready():
-                    self.respawns.child_ready()
+                    self.respawns.child_ready(child.spec.index)
                     log.info("child %d ready pid=%d", child.spec.index, msg.pid)
                 case Retiring() | BootFailed():
                     pass  # the child's own state (a clean exit; a boot failure: _reap)
@@ -358,7 +358,8 @@ class Supervisor:
     def _top_up(self, now: float) -> None:
         if self.stopping:
             return
-        self._listen()
+        self._listen()  # its own connections before children's: short of them, children wait
+        self.control.connect()
         for index in range(self.target):
             if index not in self.children and self.respawns.due(index, now):
                 self._spawn(index, now)
@@ -394,10 +395,6 @@ class Supervisor:
         now = self.clock()
         dead = DeadChild.of(child, stopping=self.stopping, wanted=child.spec.index < self.target)
         verdict = judge(dead, self.registry, self.rng)
-        if verdict.boot_failure is not None:
-            self.fatal = self.respawns.boot_failed(verdict.boot_failure)
-            if self.fatal is not None:
-                self._begin_shutdown("fatal")
         for line in verdict.logs:
             log.log(line.level, "%s", line.message)
         self._run_alone(verdict.run_alone)  # told before the release makes them claimable
@@ -406,6 +403,10 @@ class Supervisor:
             lived = now - child.started_at
             self.respawns.after_exit(child.spec.index, lived, not verdict.crash, now)
             self.metrics.restarts.inc()
+        if verdict.boot_failure is not None:  # its backoff replaces after_exit's delay
+            self.fatal = self.respawns.boot_failed(child.spec.index, verdict.boot_failure, now)
+            if self.fatal is not None:
+                self._begin_shutdown("fatal")
 
     def _run_alone(self, ids: tuple[JobId, ...]) -> None:
         """Remember these for the children spawned later, and tell those running now."""
@@ -431,8 +432,9 @@ class Supervisor:
     def healthy(self) -> bool:
         return self.clock() - self.last_loop < 10.0
 
-    def ready(self) -> bool:
-        return self.control.ok and self.listener.connected and not self.stopping
+    def ready(self) -> bool:  # database reachable, LISTEN up, every child could start
+        up = self.control.ok and self.listener.connected and not self.stopping
+        return up and not self.respawns.failing
 
     def close(self) -> None:
         """Kill the children left (releasing their jobs), close connections, restore signals."""

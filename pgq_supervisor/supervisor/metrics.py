@@ -87,6 +87,12 @@ class Metrics:
             registry=r,
         )
         self.children = Gauge("pgq_children", "Live child processes", registry=r)
+        self.boot_failures = Counter(
+            "pgq_child_boot_failures_total",
+            "Children that exited before they could claim (could not connect: respawned after a"
+            " jittered backoff; /readyz says not ready until each such child starts)",
+            registry=r,
+        )
         self.in_flight = Gauge(
             "pgq_child_jobs_in_flight",
             "Jobs a child runs now (its concurrency at most), read from its slot each second",

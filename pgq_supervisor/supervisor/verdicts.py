@@ -8,8 +8,9 @@ if not, it ended first and the death is no job's fault), or else its only job in
 - killed for a timeout: that attempt ends as a timeout, the kill's reason as its error;
 - killed because that job was cancelled: no attempt ends (the cancel ended the job already, a
   fenced end_attempt would change nothing); the death is no crash and is not logged as one;
-- killed for shutdown (the deadline, a second SIGINT, our own exit): not the job's fault, it is
-  released without an attempt;
+- killed for shutdown (the deadline, a second SIGINT, our own exit), or because its heartbeat
+  could not reach the database (HEARTBEAT_LOST): not the job's fault, it is released without
+  an attempt;
 - died by itself (SIGKILL, OOM, a segfault, an exit code): a worker death, `worker died: <how>`;
 - retired or stopped (Retiring or Stop, then exit 0): no death at all, nothing is charged and
   the child is replaced at once.
@@ -36,7 +37,13 @@ from pgq_supervisor.errors import ExitCode
 from pgq_supervisor.ipc import BootFailed, SlotView
 from pgq_supervisor.jobs import AttemptKind, JobId
 from pgq_supervisor.registry import Registry
-from pgq_supervisor.supervisor.children import CANCELLED, SHUTDOWN, Child, describe_exit
+from pgq_supervisor.supervisor.children import (
+    CANCELLED,
+    HEARTBEAT_LOST,
+    SHUTDOWN,
+    Child,
+    describe_exit,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +100,7 @@ class Verdict:
     clean: bool  # retired or stopped, and exited 0
     crash: bool  # counts towards the respawn backoff
     respawn: bool
-    boot_failure: BootFailed | None  # counted by Respawns: too many stop the supervisor
+    boot_failure: BootFailed | None  # Respawns backs off, or stops on an app that cannot load
     logs: tuple[LogLine, ...]
 
 
@@ -113,7 +120,7 @@ def judge(dead: DeadChild, registry: Registry, rng: random.Random) -> Verdict:
     charge = cancelled = None
     if target is not None and reason == CANCELLED:
         cancelled = target
-    elif target is not None and reason is not None and reason != SHUTDOWN:
+    elif target is not None and reason is not None and reason not in (SHUTDOWN, HEARTBEAT_LOST):
         charge = Charge(target, AttemptKind.TIMEOUT, reason, retry_delay(target, registry, rng))
     elif target is not None and reason is None and not clean:
         error = f"worker died: {how}"

@@ -14,6 +14,11 @@ report; or, when a claim finds nothing, send Idle and block on the pipe. When on
 batch runs past `release_unstarted_after`, the heartbeat thread releases the jobs behind it and
 writes the successes before it, so nothing waits on a slow job but that job.
 
+A child opens its job and heartbeat connections together at boot, or exits as a boot failure
+(the supervisor retries it with backoff); it claims only while its heartbeat is up, and when no
+beat has reached the database for half of dead_after it asks the supervisor, through its slot,
+to stop it and release its jobs without an attempt (docs/connections.md).
+
 The Executor runs a handler; runs.py holds every way to run one (sync, in a thread, async, in
 a `conn` transaction), each ending in a Settlement; Completer.settle writes it, fenced by the
 lease: a failure at once, successes in the statement of the next claim (or a flush when a

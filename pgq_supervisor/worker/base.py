@@ -39,6 +39,10 @@ from pgq_supervisor.worker.heartbeat import Heartbeat
 log = logging.getLogger(__name__)
 
 REPORT_EVERY: Final = 0.25
+# Jobs no heartbeat reached for this part of dead_after are given up (heartbeat.py): the
+# supervisor has the rest to stop the child and release them before the rescuer's next round.
+GIVE_UP_AT: Final = 0.5
+HEARTBEAT_DOWN_POLL: Final = 0.1  # how often a child with no heartbeat asks if it is back
 
 
 def stop_on_sigterm(
@@ -65,6 +69,9 @@ def rss_mb() -> float:
     return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
+HEARTBEAT_APP: Final = "pgq-heartbeat"
+
+
 def connect_child(spec: ChildSpec, application_name: str) -> db.Conn:
     """A connection of the child (its job connection, its heartbeat's) as the spec says."""
     return db.connect(
@@ -75,14 +82,19 @@ def connect_child(spec: ChildSpec, application_name: str) -> db.Conn:
     )
 
 
-def child_parts(spec: ChildSpec, registry: Registry) -> tuple[Heartbeat, Executor, Completer]:
+def child_parts(
+    spec: ChildSpec, registry: Registry, slot: JobSlot, heartbeat_conn: db.Conn | None = None
+) -> tuple[Heartbeat, Executor, Completer]:
     """What every child runs jobs with, whichever worker it is: the heartbeat (on its own
-    connection), the executor and the completer."""
+    connection, `heartbeat_conn` if opened at boot), the executor and the completer."""
     heartbeat = Heartbeat(
-        lambda: connect_child(spec, "pgq-heartbeat"),
+        lambda: connect_child(spec, HEARTBEAT_APP),
         spec.schema,
         spec.heartbeat_interval,
         spec.worker_id,
+        conn=heartbeat_conn,
+        give_up_after=spec.dead_after * GIVE_UP_AT,
+        on_give_up=slot.mark_heartbeat_lost,
     )
     # the heartbeat thread writes progress too: on its own connection, never inside a
     # `conn` handler's transaction
@@ -101,6 +113,7 @@ class Options(TypedDict, total=False):
     connect_backoff: Backoff | None  # between attempts to connect again
     connect: Callable[[], db.Conn] | None  # the job connection, as the spec says
     signals: ChildSignals | None  # the child's SIGTERM
+    heartbeat_conn: db.Conn | None  # the heartbeat's connection, opened at boot
 
 
 class BaseWorker:
@@ -118,7 +131,9 @@ class BaseWorker:
         self.slot = slot
         self.conn = conn
         self.clock = options.get("clock", time.monotonic)
-        self.heartbeat, self.executor, self.completer = child_parts(spec, registry)
+        self.heartbeat, self.executor, self.completer = child_parts(
+            spec, registry, slot, options.get("heartbeat_conn")
+        )
         # errors that repeat (a schema not migrated, the database away) must not spin; reset
         # by a claim
         self.error_backoff = options.get("error_backoff") or Backoff(initial=0.1, maximum=5.0)
@@ -127,6 +142,7 @@ class BaseWorker:
         self.connect = options.get("connect") or (lambda: connect_child(spec, "pgq-worker"))
         self.signals = options.get("signals")
         self.stopping = False
+        self.waiting_heartbeat = False  # claims wait for the heartbeat's connection
         self.jobs_done = 0
         self.latencies: list[float] = []  # wake latencies since the last report
         self.woken_at: float | None = None  # when the Wake we have not claimed for was sent
@@ -200,6 +216,23 @@ class BaseWorker:
                 log.info("worker %s reconnected", self.spec.worker_id)
                 break
         self.completer.recover(self.conn)
+
+    def _heartbeat_down(self) -> bool:
+        """No claim while the heartbeat cannot reach the database: a job claimed then could
+        not be kept alive, and the rescuer would take it from under its worker. The heartbeat
+        thread reconnects with its backoff; the loop asks again after HEARTBEAT_DOWN_POLL."""
+        if self.heartbeat.up:
+            if self.waiting_heartbeat:
+                self.waiting_heartbeat = False
+                log.info("worker %s: heartbeat connection back: claiming", self.spec.worker_id)
+            return False
+        if not self.waiting_heartbeat:
+            self.waiting_heartbeat = True
+            log.warning(
+                "worker %s: no heartbeat connection: no claim until it is back",
+                self.spec.worker_id,
+            )
+        return True
 
     # ---- reporting, retiring and leaving ----
 

@@ -16,6 +16,13 @@ wake-up, the jobs held (heart-beaten) until it lands; successes not written stay
 When a beat fails (the server restarted, say) the connection is dropped and the next beat
 comes after a jittered backoff, from well under the interval up to it: the children of every
 pod do not reconnect in lockstep, and none waits longer than a beat once the server is back.
+It is made again even while no job is held: the child claims only while the heartbeat is `up`
+(a job claimed with no way to keep it alive would be rescued from under its worker).
+
+A job held that no beat could reach for `give_up_after` (a safe part of dead_after: the child
+gets it from the supervisor) is given up: `on_give_up` asks the supervisor to stop the child
+and release its jobs without an attempt, before the rescuer would take them and charge one
+while the worker runs on, its work to be thrown away (issue 27).
 """
 
 from __future__ import annotations
@@ -44,6 +51,9 @@ class Heartbeat:
         worker_id: str,
         *,
         backoff: Backoff | None = None,
+        conn: db.Conn | None = None,
+        give_up_after: float | None = None,
+        on_give_up: Callable[[], None] = lambda: None,
     ) -> None:
         self._connect = connect
         self._schema = schema
@@ -54,7 +64,14 @@ class Heartbeat:
         self._stop = threading.Event()
         self._wake = threading.Event()  # a progress report, or the stop
         self.progress = ProgressBuffer(on_put=self._wake.set)
-        self._conn: db.Conn | None = None
+        self._conn: db.Conn | None = conn  # opened at boot, with the job connection
+        # when each claim's jobs were last known alive in the database (claimed, or beaten),
+        # by time.monotonic: what the rescuer will judge them by
+        self._fresh: dict[LeaseToken, float] = {}
+        self._give_up_after = give_up_after
+        self._on_give_up = on_give_up
+        self.given_up = False
+        self.up = True  # the last beat, or connecting, did not fail
         self._backoff = backoff or Backoff(initial=min(0.5, interval), maximum=interval)
         self._thread = threading.Thread(target=self._run, name="pgq-heartbeat", daemon=True)
         self._unstarted: Unstarted | None = None
@@ -94,6 +111,7 @@ class Heartbeat:
     def hold(self, lease: LeaseToken, ids: list[JobId]) -> None:
         with self._lock:
             self._held.setdefault(lease, set()).update(ids)
+            self._fresh.setdefault(lease, time.monotonic())  # the claim stamped them
 
     def drop(self, lease: LeaseToken, ids: list[JobId]) -> None:
         with self._lock:
@@ -102,6 +120,7 @@ class Heartbeat:
                 held.difference_update(ids)
                 if not held:
                     del self._held[lease]
+                    self._fresh.pop(lease, None)
         self.progress.forget(ids)
 
     def holding(self) -> int:
@@ -167,6 +186,35 @@ class Heartbeat:
         if self._conn is not None:
             self._conn.close()
         self._conn = None
+        self.up = False
+
+    def stale_for(self, now: float) -> float:
+        """Seconds since the held job known alive the longest ago was last beaten (0: none
+        held)."""
+        with self._lock:
+            oldest = min(self._fresh.values(), default=now)
+        return now - oldest
+
+    def _give_up_in(self) -> float | None:
+        """Seconds until the held jobs must be given up, if no beat lands (None: never)."""
+        if self._give_up_after is None or self.given_up:
+            return None
+        with self._lock:
+            if not self._fresh:
+                return None
+            oldest = min(self._fresh.values())
+        return max(0.0, oldest + self._give_up_after - time.monotonic())
+
+    def _give_up_if_due(self) -> None:
+        if self._give_up_in() != 0.0:
+            return
+        self.given_up = True
+        log.warning(
+            "worker %s: no heartbeat has reached the database for %.1f s: giving up %d jobs"
+            " before they are rescued",
+            self._worker_id, self.stale_for(time.monotonic()), self.holding(),
+        )  # fmt: skip
+        self._on_give_up()
 
     def _holds(self, job: Job) -> bool:
         with self._lock:
@@ -174,14 +222,14 @@ class Heartbeat:
 
     def beat_once(self) -> int:
         """One round of fenced heartbeats; returns how many jobs are still held."""
+        if self._conn is None or self._conn.closed:
+            self.up = False
+            self._conn = self._connect()  # even with nothing held: claims wait for it
         with self._lock:
             snapshot = {lease: list(ids) for lease, ids in self._held.items()}
-        if not snapshot:
-            return 0
-        if self._conn is None or self._conn.closed:
-            self._conn = self._connect()
         alive = 0
         for lease, ids in snapshot.items():
+            sent = time.monotonic()
             # A job whose row another transaction holds (this worker's own completion,
             # usually) is skipped rather than waited for, and comes back as kept: it stays
             # held, and is beaten next time if it was not settled after all.
@@ -194,6 +242,10 @@ class Heartbeat:
             for job_id in lost:
                 log.debug("heartbeat: job %s no longer held by %s", job_id, self._worker_id)
             self.drop(lease, lost)
+            with self._lock:
+                if lease in self._fresh:
+                    self._fresh[lease] = sent
+        self.up = True
         return alive
 
     def write_progress(self) -> int:
@@ -205,9 +257,7 @@ class Heartbeat:
             return len(write_due(self.progress, self._conn, self._schema))
         except DatabaseError as exc:
             log.warning("progress write failed: %s", exc)
-            if self._conn is not None:
-                self._conn.close()
-            self._conn = None
+            self._disconnect()
             return 0
 
     def tick(self) -> float:
@@ -218,9 +268,7 @@ class Heartbeat:
         except DatabaseError as exc:
             delay = self._backoff.failed()
             log.warning("heartbeat failed, retrying in %.2f s: %s", delay, exc)
-            if self._conn is not None:
-                self._conn.close()
-            self._conn = None
+            self._disconnect()
             return delay
         self._backoff.succeeded()
         return self._interval
@@ -232,9 +280,9 @@ class Heartbeat:
             wait = next_beat - time.monotonic()
             if progress_in is not None:
                 wait = min(wait, progress_in)
-            release_in = self._release_in()
-            if release_in is not None:
-                wait = min(wait, release_in)
+            for due_in in (self._release_in(), self._give_up_in()):
+                if due_in is not None:
+                    wait = min(wait, due_in)
             self._wake.wait(max(0.0, wait))
             self._wake.clear()
             if self._stop.is_set():
@@ -246,6 +294,7 @@ class Heartbeat:
                     self.write_progress()
                 if self._unreleased or self._handed or self._release_in() == 0.0:
                     self.release_unstarted()
+                self._give_up_if_due()
             except Exception:  # a bug, or an error that is not a DatabaseError: keep beating
                 # A thread that died here would let every held job go stale: the rescuer
                 # would charge them all, the one in hand too. Start afresh after a backoff.

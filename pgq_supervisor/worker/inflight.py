@@ -37,6 +37,7 @@ import functools
 import logging
 import os
 from collections import deque
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -51,7 +52,7 @@ from pgq_supervisor.jobs import Job, JobId, LeaseToken
 from pgq_supervisor.registry import ClaimPolicy, Registry
 from pgq_supervisor.worker import runs
 from pgq_supervisor.worker.admission import CLAIM_EVERY, Admission
-from pgq_supervisor.worker.base import REPORT_EVERY, BaseWorker, Options
+from pgq_supervisor.worker.base import HEARTBEAT_DOWN_POLL, REPORT_EVERY, BaseWorker, Options
 from pgq_supervisor.worker.runs import Lost, Settlement
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,25 @@ def uses_loop(spec: ChildSpec, registry: Registry) -> bool:
     if spec.concurrency > 1:
         return True
     return any((h := registry.handlers.get(t)) is not None and h.is_async for t in spec.types)
+
+
+def pool_size(
+    registry: Registry,
+    types: Sequence[str],
+    capacity: int,
+    want_async: bool,
+    cap: int | None = None,
+) -> int:
+    """The size of a child's pool for the handlers that take `conn` (async ones, or those run
+    in threads): as many connections as such jobs can be in flight at once (0: none), `cap` at
+    most (the child_pool_size setting, which the connection budget may lower: budget.py).
+    Jobs beyond it wait for a connection of the pool."""
+    total = 0
+    for t in types:
+        h = registry.handlers.get(t)
+        if h is not None and h.wants_conn and h.is_async == want_async:
+            total += capacity if h.concurrency is None else min(h.concurrency, capacity)
+    return min(total, capacity, cap or capacity)
 
 
 class InFlightWorker(Admission, BaseWorker):
@@ -204,6 +224,9 @@ class InFlightWorker(Admission, BaseWorker):
         self._poll_pipe()  # a RunAlone sent before a release must be known before we claim
         if self.stopping:
             return True
+        if self._heartbeat_down():
+            await self._sleep_unless_stopped(HEARTBEAT_DOWN_POLL)
+            return True
         policy = self._claim_policy()
         if policy is None or policy.types == self.found_none_of:
             return True  # every type is full, or those not full had nothing a moment ago
@@ -318,13 +341,9 @@ class InFlightWorker(Admission, BaseWorker):
         return self.threads
 
     def _pool_size(self, want_async: bool) -> int:
-        """As many connections as jobs of such handlers can be in flight at once (0: none)."""
-        total = 0
-        for t in self.spec.types:
-            h = self.registry.handlers.get(t)
-            if h is not None and h.wants_conn and h.is_async == want_async:
-                total += self.caps.get(t, self.capacity)
-        return min(total, self.capacity)
+        return pool_size(
+            self.registry, self.spec.types, self.capacity, want_async, self.spec.pool_size
+        )
 
     # ---- the pipe ----
 

@@ -1,4 +1,5 @@
-"""A child's entry point: load the app, connect (retrying), then run the one-at-a-time
+"""A child's entry point: load the app, open its job and heartbeat connections (both or
+neither, retrying), then run the one-at-a-time
 Worker (sync.py) or, with concurrency > 1 or async handlers, the InFlightWorker
 (inflight.py). See the package docstring for the child as a whole."""
 
@@ -20,6 +21,7 @@ from pgq_supervisor.ipc import BootFailed, ChildSpec, JobSlot
 from pgq_supervisor.logs import setup_logging
 from pgq_supervisor.registry import load_registry
 from pgq_supervisor.signals import ChildSignals
+from pgq_supervisor.worker.base import HEARTBEAT_APP
 from pgq_supervisor.worker.inflight import InFlightWorker, uses_loop
 from pgq_supervisor.worker.sync import Worker
 
@@ -38,7 +40,7 @@ def child_main(spec: ChildSpec, pipe: Connection, slot: JobSlot) -> None:
         pipe.send(BootFailed(str(exc), app_error=True))
         sys.exit(ExitCode.CHILD_BOOT_FAILURE)
     try:
-        conn = connect_retrying(
+        conn, heartbeat_conn = connect_retrying(
             spec.dsn,
             spec.connect_timeout,
             spec.synchronous_commit,
@@ -49,10 +51,8 @@ def child_main(spec: ChildSpec, pipe: Connection, slot: JobSlot) -> None:
         sys.exit(ExitCode.CHILD_BOOT_FAILURE)
     _trim_heap()
 
-    if uses_loop(spec, registry):
-        InFlightWorker(spec, registry, pipe, slot, conn, signals=signals).run()
-    else:
-        Worker(spec, registry, pipe, slot, conn, signals=signals).run()
+    worker = InFlightWorker if uses_loop(spec, registry) else Worker
+    worker(spec, registry, pipe, slot, conn, signals=signals, heartbeat_conn=heartbeat_conn).run()
     sys.exit(0)
 
 
@@ -70,16 +70,27 @@ def connect_retrying(
     synchronous_commit: bool,
     *,
     prepare_threshold: int | None = db.PREPARE_THRESHOLD,
-) -> db.Conn:
-    """Connect, retrying with a jittered backoff for up to `timeout` seconds."""
+) -> tuple[db.Conn, db.Conn]:
+    """The job connection and the heartbeat's, retrying with a jittered backoff for up to
+    `timeout` seconds. Both or neither: a child that could claim jobs but not keep them alive
+    would see them rescued from under it, and one that holds a connection while it waits for
+    the other takes a slot the application may need."""
+
+    def both() -> tuple[db.Conn, db.Conn]:
+        def one(name: str) -> db.Conn:
+            return db.connect(
+                dsn,
+                application_name=name,
+                synchronous_commit=synchronous_commit,
+                prepare_threshold=prepare_threshold,
+            )
+
+        conn = one("pgq-worker")
+        try:
+            return conn, one(HEARTBEAT_APP)
+        except DatabaseError:
+            conn.close()
+            raise
+
     backoff = Backoff(initial=0.1, maximum=2.0)
-    return backoff.retry(
-        lambda: db.connect(
-            dsn,
-            application_name="pgq-worker",
-            synchronous_commit=synchronous_commit,
-            prepare_threshold=prepare_threshold,
-        ),
-        retry_on=DatabaseError,
-        deadline=backoff.clock() + timeout,
-    )
+    return backoff.retry(both, retry_on=DatabaseError, deadline=backoff.clock() + timeout)

@@ -18,7 +18,7 @@ from pgq_supervisor.ipc import ChildSpec, Idle, JobSlot, Ready
 from pgq_supervisor.jobs import Job
 from pgq_supervisor.registry import Registry
 from pgq_supervisor.worker import runs
-from pgq_supervisor.worker.base import REPORT_EVERY, BaseWorker, Options
+from pgq_supervisor.worker.base import HEARTBEAT_DOWN_POLL, REPORT_EVERY, BaseWorker, Options
 from pgq_supervisor.worker.unstarted import Unstarted
 
 log = logging.getLogger(__name__)
@@ -75,6 +75,14 @@ class Worker(BaseWorker):
     def _claim(self) -> list[Job] | None:
         """The next batch; the last batch's successes are written on the way. None after a
         database error."""
+        if self._heartbeat_down():
+            try:  # the successes the claim would have carried: held until written
+                self.completer.flush(self.conn)
+            except DatabaseError as exc:
+                self._database_error(exc)
+                return None
+            self._sleep_polling(HEARTBEAT_DOWN_POLL)
+            return None
         limit = max(1, min(self.spec.claim_batch, int(BATCH_BUDGET / max(self.per_job, 1e-6))))
         if self.spec.max_jobs is not None:  # never more than the jobs left before retiring
             limit = max(1, min(limit, self.spec.max_jobs - self.jobs_done))

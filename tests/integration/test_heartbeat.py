@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import time
 
 import psycopg
 from psycopg.conninfo import make_conninfo
@@ -13,6 +14,7 @@ from pgq_supervisor.backoff import Backoff
 from pgq_supervisor.db import Conn
 from pgq_supervisor.worker.heartbeat import Heartbeat
 from tests.support.db import age_heartbeat, claim_one, get
+from tests.support.waiting import wait_for
 
 S = "pgq"
 APP = "pgq-heartbeat-test"
@@ -107,3 +109,46 @@ def test_a_connection_lost_between_beats_is_made_again(conn: Conn, dsn: str) -> 
         assert get(conn, job.id).state is pgq.JobState.RUNNING
     finally:
         hb.stop()
+
+
+def test_jobs_no_beat_reaches_are_given_up_before_dead_after(conn: Conn, dsn: str) -> None:
+    """Issue 27: the heartbeat cannot reconnect (no slot left): once its held jobs have gone
+    `give_up_after` without a beat, it says so, once; a beat that lands puts that off."""
+    pgq.enqueue(conn, "t")
+    job = claim_one(conn, "t")
+    reachable = [True]
+    unreachable = make_conninfo(dsn, host="127.0.0.1", port=1)
+    given_up: list[float] = []
+
+    def connect() -> Conn:
+        return db.connect(dsn if reachable[0] else unreachable, application_name=APP)
+
+    hb = Heartbeat(
+        connect, S, 0.1, "worker-1", give_up_after=0.6,
+        on_give_up=lambda: given_up.append(time.monotonic()),
+    )  # fmt: skip
+    hb.hold(job.lease, [job.id])
+    held_at = time.monotonic()
+    hb.start()
+    try:
+        # held past give_up_after, with beats landing all along: nothing is given up
+        wait_for(
+            "held past give_up_after, kept fresh",
+            lambda: time.monotonic() - held_at > 1.0 and hb.stale_for(time.monotonic()) < 0.5,
+        )
+        assert given_up == [] and _alive_at_age(conn, job) < 0.5
+        reachable[0] = False
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE application_name = %s",
+                (APP,),
+            )
+        lost_at = time.monotonic()
+        wait_for("given up", lambda: given_up, timeout=5)
+        assert not hb.up and hb.given_up
+        # no sooner than give_up_after after the last beat that landed (before the kill)
+        assert given_up[0] - lost_at < 0.6 + 0.5 and given_up[0] - held_at > 0.6
+    finally:
+        hb.stop()
+    assert len(given_up) == 1

@@ -56,11 +56,12 @@ def _worker(
     connect: Callable[[], Conn] | None = None,
 ) -> Iterator[tuple[Connection, threading.Thread]]:
     ours, theirs = multiprocessing.Pipe()
-    conn = connect_retrying(dsn, 5.0, synchronous_commit=False)
+    conn, heartbeat_conn = connect_retrying(dsn, 5.0, synchronous_commit=False)
     slot = JobSlot(capacity=10)
     worker = InFlightWorker(
         child_spec(dsn, types=("a",), concurrency=10), registry, theirs, slot, conn,
         error_backoff=error_backoff, connect_backoff=connect_backoff, connect=connect,
+        heartbeat_conn=heartbeat_conn,
     )  # fmt: skip
     thread = threading.Thread(target=worker.run, name="test-inflight", daemon=True)
     thread.start()

@@ -44,11 +44,12 @@ def _expect(pipe: Connection, kind: type) -> None:
 @contextmanager
 def _worker(dsn: str, **backoffs: Backoff) -> Iterator[tuple[Connection, threading.Thread]]:
     ours, theirs = multiprocessing.Pipe()
-    conn = connect_retrying(dsn, 5.0, synchronous_commit=False)
+    conn, heartbeat_conn = connect_retrying(dsn, 5.0, synchronous_commit=False)
     worker = Worker(
         child_spec(dsn), registry, theirs, JobSlot(), conn,
         error_backoff=backoffs.get("error_backoff"),
         connect_backoff=backoffs.get("connect_backoff"),
+        heartbeat_conn=heartbeat_conn,
     )  # fmt: skip
     thread = threading.Thread(target=worker.run, name="test-worker", daemon=True)
     thread.start()

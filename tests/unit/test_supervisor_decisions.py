@@ -6,6 +6,7 @@ Each test drives the real loop through `run_once` and the public handlers; fake 
 
 from __future__ import annotations
 
+import itertools
 import signal
 import uuid
 from collections.abc import Iterator
@@ -59,12 +60,40 @@ def test_child_that_cannot_load_the_app_stops_the_supervisor_with_code_3(
     assert sup.fatal is not None and "could not load the app" in sup.fatal.message
 
 
-def test_repeated_boot_failures_stop_the_supervisor(restore_signals: None) -> None:
-    spawner = FakeSpawner(boot="boot_fail")
-    sup = make(spawner, FakeClock(step=0.05), procs=1)
-    assert sup.run() == 1
-    assert 3 <= len(spawner.spawned) <= 4
-    assert sup.fatal is not None and "failed to start in a row" in sup.fatal.message
+def test_children_that_cannot_connect_back_off_while_the_others_work() -> None:
+    """Issue 27: three boot failures in a row stopped the supervisor (exit 1) and the children
+    that were working. Now each index is spawned again after its jittered backoff, for as long
+    as it takes, the working child untouched; a metric counts the failures."""
+    spawner, clock = FakeSpawner(), FakeClock()
+    sup = make(spawner, clock, procs=1)
+    sup.run_once(0)
+    assert sup.respawns.failing == 0
+    worker = spawner.live()[0]
+    spawner.boot = "boot_fail"  # the database has no connection left for another child
+    sup.handle_sigttin()
+    spawned_at: list[float] = []
+    while len(spawned_at) < 7:
+        before = len(spawner.spawned)
+        sup.run_once(0)
+        spawned_at += [clock.now] * (len(spawner.spawned) - before)
+        clock.now += 0.05
+        assert clock.now < 1200, "never respawned"
+    assert sup.fatal is None and not sup.stopping
+    assert spawner.live() == {0: worker} and worker.received() == []
+    assert sup.respawns.failing == 1
+    gaps = [b - a for a, b in itertools.pairwise(spawned_at)]
+    for gap, nominal in zip(gaps, [1, 2, 4, 8, 16, 30], strict=True):  # BOOT_RETRY doubling
+        assert nominal * 0.75 - 0.1 <= gap <= nominal * 1.25 + 0.1, gaps
+    assert len({round(g, 2) for g in gaps}) == len(gaps)  # jittered
+    sup.run_once(0)  # the last one's exit is reaped
+    failures = sup.metrics.registry.get_sample_value("pgq_child_boot_failures_total")
+    assert failures == 7
+    spawner.boot = "ok"  # connections freed: the next try starts, and the index is well again
+    while sup.respawns.failing:
+        sup.run_once(0)
+        clock.now += 0.05
+        assert clock.now < 1300, "never started"
+    assert set(spawner.live()) == {0, 1}
 
 
 def test_one_notification_wakes_one_idle_child_and_missed_ones_are_owed() -> None:
@@ -189,3 +218,20 @@ def test_second_sigint_kills_the_children_and_exits_130() -> None:
     sup.run_once(0)
     assert sup.finished and sup.exit_code is ExitCode.INTERRUPTED
     sup.close()
+
+
+def test_a_child_whose_heartbeat_gave_up_is_stopped_for_it() -> None:
+    """The child marks its slot (worker/heartbeat.py); the supervisor kills it as it kills for
+    a timeout, with a reason that charges no attempt (verdicts.py)."""
+    spawner, clock = FakeSpawner(), FakeClock()
+    sup = make(spawner, clock, procs=1)
+    sup.run_once(0)
+    child = spawner.live()[0]
+    child.start_job(JobId(uuid.uuid4()), "t", started=clock.now)
+    sup.run_once(0)
+    assert child.proc.signals == []
+    child.slot.mark_heartbeat_lost()
+    sup.run_once(0)
+    assert child.proc.signals == [signal.SIGTERM] and child.slot.kill_marked
+    assert sup.children[0].kill_reason == "heartbeat lost"
+    assert sup.children[0].state is ChildState.TERMINATING

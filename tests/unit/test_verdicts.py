@@ -15,7 +15,7 @@ from pgq_supervisor.errors import ExitCode
 from pgq_supervisor.ipc import BootFailed, SlotView
 from pgq_supervisor.jobs import AttemptKind, JobId
 from pgq_supervisor.registry import Registry
-from pgq_supervisor.supervisor.children import CANCELLED, SHUTDOWN
+from pgq_supervisor.supervisor.children import CANCELLED, HEARTBEAT_LOST, SHUTDOWN
 from pgq_supervisor.supervisor.verdicts import Charge, DeadChild, judge
 
 SIGKILL, SIGTERM = -signal.SIGKILL, -signal.SIGTERM
@@ -108,6 +108,16 @@ CASES = {
         _dead((A, B), SIGKILL, kill_reason=SHUTDOWN, leaving=True, stopping=True),
         released=(A, B),
         respawn=False,
+        logs=((WARN, "died: SIGKILL"),),
+    ),
+    "stopped because its heartbeat lost the database: released, no attempt (issue 27)": Case(
+        _dead((A,), SIGTERM, kill_reason=HEARTBEAT_LOST, leaving=True),
+        released=(A,),
+        logs=((WARN, "died: SIGTERM"),),
+    ),
+    "the same holding several: all go back, none runs alone": Case(
+        _dead((A, B), SIGKILL, kill_reason=HEARTBEAT_LOST, leaving=True),
+        released=(A, B),
         logs=((WARN, "died: SIGKILL"),),
     ),
     "SIGKILL holding one job: a worker death": Case(

@@ -91,6 +91,15 @@ class ControlConnection:
         self.ok = True
         return result
 
+    def connect(self) -> bool:
+        """Connect now unless connected or backing off; False if it could not. (Readiness,
+        `ok`, waits for a use that succeeds.)"""
+        try:
+            self._connection()
+        except ControlDown:
+            return False
+        return True
+
     def _connection(self) -> db.Conn:
         if self._conn is not None and not self._conn.closed:
             return self._conn
