@@ -7,9 +7,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from pgq_supervisor.db.rows import ThroughputMinute
+from pgq_supervisor.db.web_rows import ThroughputMinute
 from pgq_supervisor.jobs import JobState
-from pgq_supervisor.web.views import CHART_MINUTES, JobsQuery, ago, chart, when_text
+from pgq_supervisor.web.charts import CHART_MINUTES, chart
+from pgq_supervisor.web.filters import ago, when_text
+from pgq_supervisor.web.jobs_view import JobsQuery
 
 NOW = datetime(2026, 11, 30, 13, 45, 30, tzinfo=UTC)
 
