@@ -58,7 +58,7 @@ def jobs_page(
             return cur.execute(statement("jobs_page", schema), params).fetchall()
     limit_params: rows.TimeLimitParams = {"ms": str(max(1, round(time_limit * 1000)))}
     with wrapped(), conn.transaction(), cursor(conn, rows.JOB_LISTED) as cur:
-        cur.execute(statement("statement_time_limit", schema), limit_params)
+        conn.execute(statement("statement_time_limit", schema), limit_params)
         try:
             return cur.execute(statement("jobs_page", schema), params).fetchall()
         except pg_errors.QueryCanceled as exc:
