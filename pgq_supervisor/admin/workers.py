@@ -28,7 +28,7 @@ def add_command(sub: argparse._SubParsersAction[Parser], parents: list[Parser]) 
     p = sub.add_parser(
         "dashboard-indexes",
         parents=parents,
-        help="create the dashboard Jobs page's opt-in indexes (CONCURRENTLY; see docs/dashboard.md)",
+        help="create the dashboard Jobs page's opt-in indexes (CONCURRENTLY; docs/dashboard.md)",
     )
     p.add_argument(
         "--payload",
