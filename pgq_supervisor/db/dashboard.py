@@ -13,7 +13,7 @@ from psycopg.rows import scalar_row
 
 from pgq_supervisor.db import web_rows as rows
 from pgq_supervisor.db.connection import Conn, cursor, statement, wrapped
-from pgq_supervisor.db.params import IdParams, NoParams, new_id
+from pgq_supervisor.db.params import IdParams, NoParams, TypeParams, new_id
 from pgq_supervisor.errors import DatabaseError
 from pgq_supervisor.jobs import BundleId, JobId, JobState
 
@@ -107,6 +107,15 @@ def type_durations(conn: Conn, schema: str, type_: str, window: float) -> rows.D
     with wrapped(), cursor(conn, rows.DURATIONS) as cur:
         found = cur.execute(statement("type_durations", schema), params).fetchone()
     assert found is not None  # an aggregate always returns its row
+    return found
+
+
+def type_active(conn: Conn, schema: str, type_: str) -> rows.TypeActive:
+    """One type's unfinished jobs now, and its concurrency limits."""
+    params: TypeParams = {"type": type_}
+    with wrapped(), cursor(conn, rows.TYPE_ACTIVE) as cur:
+        found = cur.execute(statement("type_active", schema), params).fetchone()
+    assert found is not None  # one row of subqueries, always
     return found
 
 

@@ -9,7 +9,7 @@ import uuid
 from datetime import datetime
 from typing import TypedDict
 
-from pgq_supervisor.db.params import IdParams, NoParams
+from pgq_supervisor.db.params import IdParams, NoParams, TypeParams
 from pgq_supervisor.db.rows import NamedRow, maybe_state_of, state_of
 from pgq_supervisor.jobs import BundleId, JobId, JobState, JsonValue
 
@@ -96,12 +96,26 @@ class Durations:
     max: float | None
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class TypeActive:
+    """One type's unfinished jobs now, and its concurrency limits (None: none)."""
+
+    ready: int
+    delayed: int
+    waiting: int
+    running: int
+    oldest_ready_age: float | None
+    global_concurrency: int | None
+    key_concurrency: int | None
+
+
 JOB_LISTED = NamedRow(JobListed, state=state_of)
 JOB_LINK = NamedRow(JobLink, state=state_of)
 RUNNING_JOB = NamedRow(RunningJob, state=state_of)
 BUNDLE_LISTED = NamedRow(BundleListed, completion_state=maybe_state_of)
 THROUGHPUT_MINUTE = NamedRow(ThroughputMinute)
 DURATIONS = NamedRow(Durations)
+TYPE_ACTIVE = NamedRow(TypeActive)
 
 
 class JobsPageParams(TypedDict):
@@ -177,6 +191,7 @@ ROWS: dict[str, tuple[str, ...]] = {
     "throughput": THROUGHPUT_MINUTE.columns,
     "type_throughput": THROUGHPUT_MINUTE.columns,
     "type_durations": DURATIONS.columns,
+    "type_active": TYPE_ACTIVE.columns,
     "running_on": RUNNING_JOB.columns,
 }
 
@@ -188,6 +203,7 @@ PARAMS: dict[str, type] = {
     "throughput": MinutesParams,
     "type_throughput": TypeWindowParams,
     "type_durations": TypeWindowOnlyParams,
+    "type_active": TypeParams,
     "type_names": NoParams,
     "running_on": WorkersParams,
     "schedule_pause": SchedulePauseParams,

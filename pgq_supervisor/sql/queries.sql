@@ -803,6 +803,36 @@ WHERE state IN ('succeeded', 'failed') AND type = %(type)s
 GROUP BY 1
 ORDER BY 1
 
+-- name: type_active
+-- One type's unfinished jobs, each count on the partial index that holds its rows (as depth()
+-- in schema/0014 does): a `state IN (...)` over the whole table would read every finished job.
+-- Waiting jobs are found through their dependency rows (job_dependency_pkey leads with job_id).
+SELECT
+    ((SELECT count(*) FROM {schema}.job
+      WHERE state = 'pending' AND waiting_on = 0 AND start_at <= created_at AND type = %(type)s)
+     + (SELECT count(*) FROM {schema}.job
+        WHERE state = 'pending' AND waiting_on = 0 AND start_at > created_at
+          AND start_at <= now() AND type = %(type)s))::int AS ready,
+    (SELECT count(*) FROM {schema}.job
+     WHERE state = 'pending' AND waiting_on = 0 AND start_at > created_at AND start_at > now()
+       AND type = %(type)s)::int AS delayed,
+    (SELECT count(*) FROM {schema}.job j
+     WHERE j.state = 'pending' AND j.waiting_on > 0 AND j.type = %(type)s
+       AND j.id IN (SELECT d.job_id FROM {schema}.job_dependency d))::int AS waiting,
+    (SELECT count(*) FROM {schema}.job
+     WHERE state = 'running' AND type = %(type)s)::int AS running,
+    extract(epoch FROM now() - least(
+        (SELECT min(start_at) FROM {schema}.job
+         WHERE state = 'pending' AND waiting_on = 0 AND start_at <= created_at
+           AND type = %(type)s),
+        (SELECT min(start_at) FROM {schema}.job
+         WHERE state = 'pending' AND waiting_on = 0 AND start_at > created_at
+           AND start_at <= now() AND type = %(type)s)))::float8 AS oldest_ready_age,
+    (SELECT l.global_concurrency FROM {schema}.type_limit l WHERE l.type = %(type)s)
+        AS global_concurrency,
+    (SELECT l.key_concurrency FROM {schema}.type_limit l WHERE l.type = %(type)s)
+        AS key_concurrency
+
 -- name: type_durations
 -- Run time (started_at to stopped_at, the last attempt's) percentiles of one type's jobs that
 -- finished in the last `window` seconds, succeeded or failed; the same rows as type_throughput.
@@ -817,10 +847,12 @@ FROM (SELECT extract(epoch FROM stopped_at - started_at) AS s
         AND stopped_at >= now() - make_interval(secs => %(window)s)) d
 
 -- name: type_names
--- The job types worth offering in a filter, without reading the job table whole: those with
--- unfinished jobs (the partial claim, delayed and running indexes hold them), those a
--- supervisor serves, and those with a pause, a rate, a limit or a schedule.
-SELECT type FROM {schema}.job WHERE state IN ('pending', 'running')
+-- The job types worth offering in a filter, without reading the job table: those a supervisor
+-- serves, those running (job_running_idx holds the running jobs only), and those with a pause,
+-- a rate, a limit or a schedule. A type nobody serves any more is typed in the address
+-- (?type=NAME) or reached from its page. (Pending jobs are not read: a deep backlog would
+-- make every Jobs page count it.)
+SELECT type FROM {schema}.job WHERE state = 'running'
 UNION SELECT unnest(types) FROM {schema}.supervisor
 UNION SELECT type FROM {schema}.type_pause
 UNION SELECT type FROM {schema}.type_rate

@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 from pgq_supervisor.db.web_rows import ThroughputMinute
 
 CHART_MINUTES = 60
+TOP_ROOM = 16  # above the tallest bar: the scale's label
 # date_bin's origin in type_throughput: buckets start on whole multiples of their width from it
 BUCKET_ORIGIN = datetime(2000, 1, 1, tzinfo=UTC)
 
@@ -71,11 +72,13 @@ def bars(buckets: Sequence[ThroughputMinute], now: datetime, window: Window) -> 
     c = Chart(start=f"-{window.name}", unit={60: "min", 1800: "30 min"}.get(window.bucket, "4 h"))
     step = timedelta(seconds=window.bucket)
     current = BUCKET_ORIGIN + ((now - BUCKET_ORIGIN) // step) * step
-    by_start = {b.minute.astimezone(UTC): b for b in buckets}
-    c.top = max((b.succeeded + b.failed for b in buckets), default=0)
+    first = current - (window.bars - 1) * step
+    # a window's oldest bucket may start before its first bar: it is not drawn nor scaled for
+    by_start = {b.minute.astimezone(UTC): b for b in buckets if b.minute >= first}
+    c.top = max((b.succeeded + b.failed for b in by_start.values()), default=0)
     c.bar_width = c.width / window.bars
     plot = c.height - 20  # room for the axis labels
-    scale = plot / c.top if c.top else 0.0
+    scale = (plot - TOP_ROOM) / c.top if c.top else 0.0
     for i in range(window.bars):
         start = current - (window.bars - 1 - i) * step
         b = by_start.get(start.astimezone(UTC))

@@ -8,7 +8,9 @@ from datetime import UTC, datetime
 from pgq_supervisor.display import progress_cell
 from pgq_supervisor.jobs import JsonValue
 
-SHORT_ID = 8  # hex digits of an id shown in lists (the whole one on hover, and copied)
+# hex digits of an id shown in lists (the whole one on hover, and copied): the last ones, since
+# job ids are time-ordered (schema/0012) and those made in one millisecond share their first 12
+SHORT_ID = 8
 
 
 def when(value: datetime | None) -> str:
@@ -62,7 +64,7 @@ def duration(started: datetime | None, stopped: datetime | None, now: datetime) 
 
 
 def short(value: object) -> str:
-    return str(value)[:SHORT_ID]
+    return "…" + str(value)[-SHORT_ID:]
 
 
 def pretty(value: JsonValue) -> str:

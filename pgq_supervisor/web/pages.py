@@ -53,7 +53,8 @@ class Pages(Handlers):
         except ValueError as exc:
             return await self._not_found(request, str(exc))
         data = await self._read(lambda conn, s: type_view.type_page(conn, s, type_, window))
-        return await self._page(request, "type.html", data, live=True)
+        # live over the hour only: the longer windows read up to a week of finished jobs
+        return await self._page(request, "type.html", data, live=window.name == "1h")
 
     async def bundles(self, request: Request) -> Response:
         data = await self._read(views.bundles)

@@ -176,6 +176,7 @@ def _sample_params(conn: Conn) -> dict[str, dict[str, object]]:
         "throughput": {"minutes": 60},
         "type_throughput": {"type": "done", "window": 3600, "bucket": 60},
         "type_durations": {"type": "done", "window": 3600},
+        "type_active": {"type": "t"},
         "running_on": {"workers": ["worker-1"]},
     }  # fmt: skip
 
