@@ -198,6 +198,9 @@ class Bench:
                 "webidx.plain",
                 "webidx.indexed",
                 Ratio("with / without", ("webidx.indexed",), "webidx.plain", Target(">=", 0.9)),
+                "webidx.bulk_plain",
+                "webidx.bulk_indexed",
+                Ratio("with / without", ("webidx.bulk_indexed",), "webidx.bulk_plain"),
             ]
         if "deps" in self.opts.groups:
             self.order += [
@@ -430,10 +433,26 @@ class Bench:
 
             return go
 
+        def enqueue_with(with_index: bool) -> Callable[[], float]:
+            def go() -> float:
+                web.payload_index(self.dsn, present=with_index)
+                return enqueue.bulk(self.dsn, o.bulk_jobs, web.enqueue_payload)
+
+            return go
+
+        bulk_plain = self.results.measure(
+            "webidx.bulk_plain", "enqueue_many, 3-key payloads (no GIN)", "jobs/s"
+        )
+        bulk_indexed = self.results.measure(
+            "webidx.bulk_indexed", "the same with job_payload_idx", "jobs/s"
+        )
         tag = f"run {r}/{o.runs} webidx: {o.drain_jobs:,} no-op jobs, --procs {procs}"
+        etag = f"run {r}/{o.runs} webidx: enqueue_many, {o.bulk_jobs:,} jobs"
         return [
             self.drained_step(f"{tag}, no payload index", plain, run(False)),
             self.drained_step(f"{tag}, job_payload_idx", indexed, run(True)),
+            self.rate_step(f"{etag}, no payload index", bulk_plain, enqueue_with(False)),
+            self.rate_step(f"{etag}, job_payload_idx", bulk_indexed, enqueue_with(True)),
         ]
 
     def limits_steps(self, r: int) -> list[Step]:

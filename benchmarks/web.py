@@ -57,6 +57,11 @@ PAYLOAD_SEARCHES = {
 DRAIN_PAYLOAD: dict[str, JsonValue] = {"user_id": 42, "kind": "mail", "to": "a@b.example"}
 
 
+def enqueue_payload(i: int) -> JsonValue:
+    """The webidx group's bulk enqueue: three keys, two of them different in every job."""
+    return {"user_id": i, "kind": "mail", "to": f"user{i}@example.com"}
+
+
 @dataclass(frozen=True, slots=True)
 class WebResult:
     p50_ms: float
