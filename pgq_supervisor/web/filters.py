@@ -8,9 +8,11 @@ from datetime import UTC, datetime
 from pgq_supervisor.display import progress_cell
 from pgq_supervisor.jobs import JsonValue
 
-# hex digits of an id shown in lists (the whole one on hover, and copied): the last ones, since
-# job ids are time-ordered (schema/0012) and those made in one millisecond share their first 12
-SHORT_ID = 8
+# an id in a list is shown by its last group, 12 hex digits (the whole one on hover, and
+# copied): job ids are time-ordered (schema/0012), so those made in one millisecond share their
+# first 12 digits, and the ids of one enqueue_many share all but their last 8 (a counter, under
+# 16 random bits of the batch)
+SHORT_ID = 12
 
 
 def when(value: datetime | None) -> str:

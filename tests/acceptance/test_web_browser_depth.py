@@ -179,6 +179,8 @@ def _run(dsn: str, conn: Conn, page: Page, dash: Dashboard) -> None:
     page.locator(f'a[href$="/bundles/{bundle.id}"]').click()
     expect(page.locator("table#bundle-jobs tbody tr")).to_have_count(4)
     expect(page.locator("#bundle-progress")).to_contain_text("0 / 4")
+    shown = page.locator("table#bundle-jobs .sid a").all_inner_texts()
+    assert len(set(shown)) == 4, shown  # one enqueue_many's ids differ in their last digits
     page.screenshot(path=str(IMG / "dashboard-bundle.png"), full_page=True)
 
     # the worker holds two jobs it has not started: named on its row
