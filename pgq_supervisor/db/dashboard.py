@@ -15,7 +15,7 @@ from pgq_supervisor.db import web_rows as rows
 from pgq_supervisor.db.connection import Conn, cursor, statement, wrapped
 from pgq_supervisor.db.params import IdParams, NoParams, TypeParams, new_id
 from pgq_supervisor.errors import DatabaseError
-from pgq_supervisor.jobs import BundleId, JobId, JobState
+from pgq_supervisor.jobs import Bundle, BundleId, JobId, JobState
 
 
 class SearchTimedOut(DatabaseError):
@@ -81,6 +81,18 @@ def bundles_page(conn: Conn, schema: str, limit: int) -> list[rows.BundleListed]
     params: rows.LimitParams = {"limit": limit}
     with wrapped(), cursor(conn, rows.BUNDLE_LISTED) as cur:
         return cur.execute(statement("bundles_page", schema), params).fetchall()
+
+
+def bundle_completion(conn: Conn, schema: str, bundle: Bundle) -> rows.JobLink | None:
+    """The job `bundle.on_complete` enqueued for it once it completed (None: not yet, or
+    none declared)."""
+    if bundle.on_complete is None:
+        return None
+    params: rows.BundleCompletionParams = {
+        "id": bundle.id, "type": bundle.on_complete, "since": bundle.created_at,
+    }  # fmt: skip
+    with wrapped(), cursor(conn, rows.JOB_LINK) as cur:
+        return cur.execute(statement("bundle_completion", schema), params).fetchone()
 
 
 def throughput(conn: Conn, schema: str, minutes: int) -> list[rows.ThroughputMinute]:

@@ -117,12 +117,13 @@ class OriginSummary(NamedTuple):
 @dataclasses.dataclass(frozen=True, slots=True)
 class ScheduleState:
     """Where a schedule stands: ticks after `last_tick` (after `created_at` when none was
-    enqueued yet) up to `now`, the database's clock, are due."""
+    enqueued yet) up to `now`, the database's clock, are due, unless it is `paused`."""
 
     name: str
     created_at: datetime
     last_tick: datetime | None
     now: datetime
+    paused: bool
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -165,6 +165,14 @@ class WorkersParams(TypedDict):
     workers: list[str]
 
 
+class BundleCompletionParams(TypedDict):
+    """`bundle_completion`: the bundle's id, its on_complete type and creation time."""
+
+    id: uuid.UUID
+    type: str
+    since: datetime
+
+
 class TimeLimitParams(TypedDict):
     ms: str
 
@@ -188,6 +196,7 @@ ROWS: dict[str, tuple[str, ...]] = {
     "job_dependencies": JOB_LINK.columns,
     "job_dependents": JOB_LINK.columns,
     "bundles_page": BUNDLE_LISTED.columns,
+    "bundle_completion": JOB_LINK.columns,
     "throughput": THROUGHPUT_MINUTE.columns,
     "type_throughput": THROUGHPUT_MINUTE.columns,
     "type_durations": DURATIONS.columns,
@@ -200,6 +209,7 @@ PARAMS: dict[str, type] = {
     "job_dependencies": IdParams,
     "job_dependents": IdLimitParams,
     "bundles_page": LimitParams,
+    "bundle_completion": BundleCompletionParams,
     "throughput": MinutesParams,
     "type_throughput": TypeWindowParams,
     "type_durations": TypeWindowOnlyParams,

@@ -539,11 +539,12 @@ ON CONFLICT (name) DO UPDATE
 SET type = excluded.type, cron = excluded.cron, every = excluded.every,
     timezone = excluded.timezone, priority = excluded.priority, catch_up = excluded.catch_up,
     payload = excluded.payload, declared_at = now()
-RETURNING name, created_at, last_tick, now() AS now
+RETURNING name, created_at, last_tick, now() AS now, paused_at IS NOT NULL AS paused
 
 -- name: schedule_states
 -- Where the named schedules stand, with the database's clock (the ticks' time base).
-SELECT name, created_at, last_tick, now() AS now FROM {schema}.schedule
+SELECT name, created_at, last_tick, now() AS now, paused_at IS NOT NULL AS paused
+FROM {schema}.schedule
 WHERE name = ANY(%(names)s::text[])
 
 -- name: schedule_enqueue
@@ -777,6 +778,14 @@ LEFT JOIN LATERAL (
 ) c ON true
 ORDER BY b.created_at DESC, b.id DESC
 LIMIT %(limit)s
+
+-- name: bundle_completion
+-- One bundle's completion job once enqueued, found as bundles_page finds it.
+SELECT j.id, j.type, j.state FROM {schema}.job j
+WHERE j.type = %(type)s AND j.created_at >= %(since)s
+  AND j.payload @> jsonb_build_object('bundle_id', %(id)s::text)
+ORDER BY j.created_at DESC
+LIMIT 1
 
 -- name: throughput
 -- Jobs finished per minute over the last `minutes` minutes, succeeded and failed, on

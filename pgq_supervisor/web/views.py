@@ -139,9 +139,7 @@ def bundle(conn: db.Conn, schema: str, bundle_id: BundleId) -> Data:
     states: dict[str, int] = {}
     for j in jobs:
         states[j.state.value] = states.get(j.state.value, 0) + 1
-    completion = next(
-        (b for b in db.bundles_page(conn, schema, MAX_BUNDLES) if b.id == bundle_id), None
-    )
+    completion = db.bundle_completion(conn, schema, record)
     return {
         "bundle": record,
         "jobs": jobs[:MAX_BUNDLE_JOBS],

@@ -109,6 +109,9 @@ def _sample_params(conn: Conn) -> dict[str, dict[str, object]]:
     pgq.enqueue(conn, "done", {})
     done = claim(conn, ["done"])[0]
     db.succeed(conn, SCHEMA, done.lease, [(done.id, None)])
+    completed = pgq.enqueue_bundle(conn, "b", [pgq.NewJob("bm", {})], on_complete="after")
+    (member,) = claim(conn, ["bm"])
+    db.succeed(conn, SCHEMA, member.lease, [(member.id, None)])  # enqueues its "after" job
     db.register_supervisor(
         conn, SCHEMA, id="h:1:0", host="h", pid=1, procs=1, types=["t"],
         started_at=db.db_now(conn, SCHEMA), children=[],
@@ -173,6 +176,7 @@ def _sample_params(conn: Conn) -> dict[str, dict[str, object]]:
         "job_dependencies": {"id": _dependent(conn)},
         "job_dependents": {"id": ids[0], "limit": 10},
         "bundles_page": {"limit": 10},
+        "bundle_completion": {"id": completed.id, "type": "after", "since": completed.created_at},
         "throughput": {"minutes": 60},
         "type_throughput": {"type": "done", "window": 3600, "bucket": 60},
         "type_durations": {"type": "done", "window": 3600},

@@ -5,6 +5,7 @@ tests are in tests/acceptance/test_web_browser.py."""
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterator
 from datetime import timedelta
@@ -109,6 +110,15 @@ def test_a_bundle_page_lists_its_jobs_and_an_id_search_opens_it(
     assert f'href="/bundles/{bundle.id}"' in client.get("/bundles").text
     assert f'href="/bundles/{bundle.id}"' in client.get(f"/jobs/{first.id}").text
     assert client.get("/bundles/01234567-89ab-cdef-0123-456789abcdef").status_code == 404
+    # a completed bundle names its completion job, however many bundles came after it
+    done = pgq.enqueue_bundle(conn, "import", [NewJob("one", {})], on_complete="report")
+    (member,) = claim(conn, ["one"])
+    db.succeed(conn, SCHEMA, member.lease, [(member.id, None)])
+    for _ in range(101):  # more than the Bundles page lists
+        db.insert_bundle(conn, SCHEMA, "later", 0, None, None)
+    page = client.get(f"/bundles/{done.id}").text
+    completion = page.split('id="bundle-completion">')[1].split("</td>")[0]
+    assert "report" in completion and "not yet" not in completion
 
 
 def test_bulk_actions_ask_first_then_act_on_each_job_that_fits(
@@ -188,7 +198,9 @@ def test_a_payload_search_no_index_serves_is_cut_short_with_advice(conn: Conn) -
     assert db.jobs_page(conn, SCHEMA, payload='{"g": 5}', limit=1)[0].type == "t"
 
 
-def test_schedules_show_next_run_and_run_now_pause_resume(client: TestClient, conn: Conn) -> None:
+def test_schedules_show_next_run_and_run_now_pause_resume(
+    client: TestClient, conn: Conn, caplog: pytest.LogCaptureFixture
+) -> None:
     every = Schedule.make("tick", type="t", every=timedelta(hours=1), payload={"n": 1})
     db.declare_schedules(conn, SCHEMA, [every])
     page = client.get("/schedules").text
@@ -206,10 +218,13 @@ def test_schedules_show_next_run_and_run_now_pause_resume(client: TestClient, co
     assert "paused schedule tick" in done.text
     row = done.text.split('data-schedule="tick"')[1].split("</tr>")[0]
     assert "paused" in row and ">Resume<" in row
-    # a due tick of a paused schedule enqueues nothing
+    # a due tick of a paused schedule enqueues nothing, and is not reported as missed
     conn.execute("UPDATE pgq.schedule SET last_tick = now() - interval '3 hours'")
     scheduler = Scheduler(SCHEMA, [every])
-    assert scheduler.run_once(conn).enqueued == ()
+    with caplog.at_level(logging.INFO, logger="pgq_supervisor"):
+        paused = scheduler.run_once(conn)
+    assert paused.enqueued == () and paused.next_in is not None and paused.next_in <= 3600
+    assert not [r for r in caplog.records if "missed" in r.getMessage()]
     done = client.post("/schedules/resume", data={"csrf": token, "name": "tick"})
     assert "resumed schedule tick" in done.text
     (record,) = db.list_schedules(conn, SCHEMA)
