@@ -52,12 +52,13 @@ class JobLink:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class RunningJob:
-    """A running (claimed) job and the worker holding it."""
+    """A running (claimed) job, the worker holding it, and when it was claimed."""
 
     id: JobId
     type: str
     state: JobState
     worker_id: str
+    started_at: datetime
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

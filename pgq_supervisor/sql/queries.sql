@@ -871,9 +871,9 @@ ORDER BY 1
 
 -- name: running_on
 -- The running jobs (claimed: started_at is the claim's time) of the given workers, for the
--- Workers page to name the ones a child holds without having started them (a few rows:
--- job_running_idx holds the running jobs only).
-SELECT id, type, state, worker_id
+-- Workers page to name the ones a child holds without having started them and to time the one
+-- in hand (a few rows: job_running_idx holds the running jobs only).
+SELECT id, type, state, worker_id, started_at
 FROM {schema}.job
 WHERE state = 'running' AND worker_id = ANY(%(workers)s::text[])
 ORDER BY started_at, id

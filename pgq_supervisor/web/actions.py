@@ -121,6 +121,8 @@ class Dashboard(Pages):
 
     async def _guard_named(self, request: Request, named: dict[str, Action]) -> Fields:
         """_guard for the action a form field `action` names (LookupError: none)."""
+        if self.refusal is not None:  # read-only says so whatever the form holds
+            raise Refused(self.refusal)
         async with request.form() as form:
             name = str(form.get("action", ""))
         if name not in named:

@@ -23,7 +23,7 @@ actions.js asks in a dialog instead). An action redirects (303) to the page it c
 one-line message, kept in a cookie for the next page.
 
 Live updates are short polls: live.js asks for the page's live part every 2 s with the ETag it
-has, and the server answers 304 when nothing changed (see the README for why not SSE).
+has, and the server answers 304 when nothing changed (docs/dashboard.md says why not SSE).
 
 The app reads through a psycopg_pool.ConnectionPool (made from a DSN, or the caller's own) in
 Starlette's thread pool. Each checkout turns off prepared statements for its use, so each query
@@ -82,8 +82,8 @@ def create_app(
         refusal = NO_AUTH
     elif authorize is None:
         log.warning(
-            "dashboard actions (retry, cancel, delete, pause, resume) are open to anyone who"
-            " can reach it: no authentication, allow_unauthenticated_actions is on"
+            "dashboard actions (retry, cancel, delete, pause, resume, run now) are open to anyone"
+            " who can reach it: no authentication, allow_unauthenticated_actions is on"
         )
     store = Store(dsn_or_pool, schema)
     env = jinja2.Environment(

@@ -167,11 +167,14 @@ def workers(conn: db.Conn, schema: str, stale_after: float) -> Data:
             started = {str(i) for i in ids} if isinstance(ids, list) else set()
             if c.get("job_id"):
                 started.add(str(c.get("job_id")))
-            mine = held.get(str(c.get("worker_id")), []) if count_of(c.get("held")) else []
-            waiting = [j for j in mine if str(j.id) not in started]
-            kids.append({"child": c, "not_started": waiting})
+            mine = held.get(str(c.get("worker_id")), [])
+            waiting = (
+                [j for j in mine if str(j.id) not in started] if count_of(c.get("held")) else []
+            )
+            in_hand = next((j for j in mine if str(j.id) == str(c.get("job_id"))), None)
+            kids.append({"child": c, "not_started": waiting, "in_hand": in_hand})
         shown.append({"record": r, "children": kids, "stale": r.seen_ago > stale_after})
-    return {"supervisors": shown}
+    return {"supervisors": shown, "now": db.db_now(conn, schema)}
 
 
 @dataclass(frozen=True, slots=True)

@@ -116,6 +116,8 @@ def test_jobs_claimed_but_not_started_show_as_such(client: TestClient, conn: Con
     assert held is not None, "the Workers page has no column of jobs claimed, not started"
     assert str(waiting.id) in held.group(1) and str(in_hand.id) not in held.group(1)
     assert held.group(1).count('class="held-job"') == 2
+    in_hand_cell = re.search(r'<td class="in-hand">(.*?)</td>', workers, re.S)
+    assert in_hand_cell is not None and 'class="duration"' in in_hand_cell.group(1)
     page = client.get(f"/jobs/{waiting.id}").text
     found = re.search(r'<td id="not-started">(.*?)</td>', page, re.S)
     assert found is not None, "the job page does not say the job was not started"
