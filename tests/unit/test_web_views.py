@@ -11,7 +11,7 @@ from pgq_supervisor.db.web_rows import ThroughputMinute
 from pgq_supervisor.jobs import JobState
 from pgq_supervisor.web.charts import CHART_MINUTES, TOP_ROOM, WINDOWS, bars, chart
 from pgq_supervisor.web.filters import ago, when_text
-from pgq_supervisor.web.jobs_view import JobsQuery
+from pgq_supervisor.web.jobs_view import JobsQuery, payload_filter
 
 NOW = datetime(2026, 11, 30, 13, 45, 30, tzinfo=UTC)
 
@@ -82,3 +82,28 @@ def test_a_windows_buckets_line_up_with_the_databases_date_bin() -> None:
     right = [b for b in c.bars if b.x == (day.bars - 1) * c.bar_width]
     assert {b.kind for b in right} == {"succeeded", "failed"} and len(c.bars) == 2
     assert "2026-11-30 13:30 UTC: 5 succeeded, 1 failed" in right[0].title
+
+
+@pytest.mark.parametrize(
+    ("search", "contains"),
+    [
+        ("payload.user_id = 42", '{"user_id":42}'),
+        ('payload.user_id="42"', '{"user_id":"42"}'),
+        ("payload.a.b = true", '{"a":{"b":true}}'),
+        ("payload.kind = mail", '{"kind":"mail"}'),  # not JSON: text
+        ("payload.note = x = y", '{"note":"x = y"}'),  # the first "=" splits
+        ("order-42", None),  # a unique key
+        ("payload", None),
+    ],
+)
+def test_the_search_reads_payload_fields_as_json_containment(
+    search: str, contains: str | None
+) -> None:
+    assert payload_filter(search) == contains
+    q = JobsQuery.parse({"q": search})
+    assert q.payload == contains and (q.unique_key is None) == (contains is not None)
+
+
+def test_a_payload_search_without_a_value_is_refused() -> None:
+    with pytest.raises(ValueError, match="has no value after '='"):
+        JobsQuery.parse({"q": "payload.user_id = "})
