@@ -7,6 +7,7 @@ descriptions are built beforehand, as a caller would have them).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import psycopg
 
@@ -14,6 +15,7 @@ import pgq_supervisor as pgq
 from benchmarks.apps import NOOP
 from benchmarks.procs import BenchError
 from benchmarks.server import SCHEMA
+from pgq_supervisor.jobs import JsonValue
 
 BULK_CHUNK = 1000
 
@@ -57,11 +59,13 @@ def single_pair(dsn: str, n: int, blocks: int = 4) -> tuple[float, float]:
     return n / took["ours"], n / took["bare"]
 
 
-def bulk(dsn: str, n: int) -> float:
-    """pgq.enqueue_many, 1,000 jobs per call and per transaction; jobs/s."""
+def bulk(dsn: str, n: int, payload: Callable[[int], JsonValue] | None = None) -> float:
+    """pgq.enqueue_many, 1,000 jobs per call and per transaction; jobs/s. `payload(i)` is the
+    i-th job's payload (default: an empty object)."""
     reset(dsn)
+    make = payload or (lambda i: {})
     chunks = [
-        [pgq.NewJob(type=NOOP, payload={}) for _ in range(min(BULK_CHUNK, n - i))]
+        [pgq.NewJob(type=NOOP, payload=make(j)) for j in range(i, min(i + BULK_CHUNK, n))]
         for i in range(0, n, BULK_CHUNK)
     ]
     with psycopg.connect(dsn) as conn:

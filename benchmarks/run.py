@@ -82,6 +82,9 @@ class Bench:
         if "drain" in o.groups:
             for r in runs:
                 steps += self.drain_steps(r, active_peers)
+        if "webidx" in o.groups:
+            for r in runs:
+                steps += self.webidx_steps(r)
         if "deps" in o.groups:
             for r in runs:
                 steps += self.deps_steps(r)
@@ -190,6 +193,15 @@ class Bench:
         for p in shown:
             target = Target(">=", 1.5) if p == "pgqueuer" else None
             self.order.append(Ratio(f"ours / {p}", tuple(drains), f"peer.{p}.drain", target))
+        if "webidx" in self.opts.groups:
+            self.order += [
+                "webidx.plain",
+                "webidx.indexed",
+                Ratio("with / without", ("webidx.indexed",), "webidx.plain", Target(">=", 0.9)),
+                "webidx.bulk_plain",
+                "webidx.bulk_indexed",
+                Ratio("with / without", ("webidx.bulk_indexed",), "webidx.bulk_plain"),
+            ]
         if "deps" in self.opts.groups:
             self.order += [
                 "deps.plain",
@@ -248,7 +260,8 @@ class Bench:
             ]
         if "soak" in self.opts.groups:
             self.order += ["soak.throughput", "soak.size", "soak.backlog"]
-        self.order += ["web.p50", "web.p95"]
+        self.order += ["web.p50", "web.p95", "web.id", "web.payload", "web.payload_gin"]
+        self.order += ["web.type_1h", "web.type_7d"]
         self.results.ratios = [r for r in self.order if isinstance(r, Ratio)]
 
     # ---- steps ----
@@ -395,6 +408,51 @@ class Bench:
         return [
             self.drained_step(f"{tag}, nothing waiting", plain, run(0)),
             self.drained_step(f"{tag}, {DEPS_WAITING:,} waiting", waiting, run(DEPS_WAITING)),
+        ]
+
+    def webidx_steps(self, r: int) -> list[Step]:
+        """The same drain without and with the payload search's opt-in GIN index
+        (job_payload_idx, `dashboard-indexes --payload`), back to back, the jobs carrying a
+        payload of three keys (a GIN entry each) rather than the usual empty one."""
+        o = self.opts
+        procs = self.quiet_procs
+        plain = self.results.measure(
+            "webidx.plain", f"drain no-op jobs, {procs} procs, 3-key payloads (no GIN)", "jobs/s"
+        )
+        indexed = self.results.measure(
+            "webidx.indexed", "the same with job_payload_idx (GIN, jsonb_path_ops)", "jobs/s"
+        )
+
+        def run(with_index: bool) -> Callable[[], drain.Drained]:
+            def go() -> drain.Drained:
+                web.payload_index(self.dsn, present=with_index)
+                return drain.run_drain(
+                    self.dsn, procs, o.drain_jobs, gate=o.start_gate,
+                    supervisor_args=o.supervisor_args, payload=web.DRAIN_PAYLOAD,
+                )  # fmt: skip
+
+            return go
+
+        def enqueue_with(with_index: bool) -> Callable[[], float]:
+            def go() -> float:
+                web.payload_index(self.dsn, present=with_index)
+                return enqueue.bulk(self.dsn, o.bulk_jobs, web.enqueue_payload)
+
+            return go
+
+        bulk_plain = self.results.measure(
+            "webidx.bulk_plain", "enqueue_many, 3-key payloads (no GIN)", "jobs/s"
+        )
+        bulk_indexed = self.results.measure(
+            "webidx.bulk_indexed", "the same with job_payload_idx", "jobs/s"
+        )
+        tag = f"run {r}/{o.runs} webidx: {o.drain_jobs:,} no-op jobs, --procs {procs}"
+        etag = f"run {r}/{o.runs} webidx: enqueue_many, {o.bulk_jobs:,} jobs"
+        return [
+            self.drained_step(f"{tag}, no payload index", plain, run(False)),
+            self.drained_step(f"{tag}, job_payload_idx", indexed, run(True)),
+            self.rate_step(f"{etag}, no payload index", bulk_plain, enqueue_with(False)),
+            self.rate_step(f"{etag}, job_payload_idx", bulk_indexed, enqueue_with(True)),
         ]
 
     def limits_steps(self, r: int) -> list[Step]:
@@ -767,17 +825,29 @@ class Bench:
         what = f"jobs page, {o.web_jobs:,} finished jobs"
         p50 = res.measure("web.p50", f"{what}: p50 over 6 filters", "ms", Target("<=", 200))
         p95 = res.measure("web.p95", f"{what}: p95 of the slowest filter", "ms", Target("<=", 200))
+        by_id = res.measure("web.id", "search by job id (redirect + job page): p95", "ms")
+        payload = res.measure("web.payload", "search by payload field, no GIN: worst p95", "ms")
+        gin = res.measure("web.payload_gin", "search by payload field, GIN index: worst p95", "ms")
+        type_hour = res.measure("web.type_1h", "a type's page, window 1h: p95", "ms")
+        type_week = res.measure("web.type_7d", "a type's page, window 7d: p95", "ms")
 
         def action() -> str:
             w = web.run_web(self.web_dsn, o.web_jobs, o.web_requests)
             p50.add(w.p50_ms, w.details())
             p95.add(w.worst_p95_ms)
+            by_id.add(w.extra_p95("id search (redirect + job page)"))
+            payload.add(w.extra_p95(*web.PAYLOAD_SEARCHES))
+            gin.add(
+                w.extra_p95("payload, 1,000 jobs match (GIN)", "payload, one job matches (GIN)")
+            )
+            type_hour.add(w.extra_p95("type page, 1h"))
+            type_week.add(w.extra_p95("type page, 7d"))
             return f"p50 {w.p50_ms:.1f} ms, p95 {w.worst_p95_ms:.1f} ms ({w.worst_page})"
 
         return Step(
             f"run {r}/{o.runs} web: jobs page over HTTP, {o.web_requests} requests per filter",
             action,
-            (p50, p95),
+            (p50, p95, by_id, payload, gin, type_hour, type_week),
         )
 
 

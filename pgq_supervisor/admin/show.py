@@ -49,6 +49,9 @@ def _text(record: JobRecord, held: NotStarted | None = None) -> str:
         lines.append(f"{key.ljust(width)}  {shown}")
         if key == "state" and held is not None:
             lines.append(f"{''.ljust(width)}  {held.text()}")
+        if key == "state":  # numbered from 1, as Job.attempt and the dashboard number it
+            budget = "" if record.max_retry_count is None else f" of {record.max_retry_count + 1}"
+            lines.append(f"{'attempt'.ljust(width)}  {record.attempt}{budget}")
     lines.append(f"attempts ({len(record.attempts)} failed)" + (":" if record.attempts else ""))
     for attempt in record.attempts:
         a = attempt if isinstance(attempt, dict) else {}

@@ -30,16 +30,22 @@ def add_command(sub: argparse._SubParsersAction[Parser], parents: list[Parser]) 
         parents=parents,
         help="create the dashboard Jobs page's opt-in indexes (CONCURRENTLY; docs/dashboard.md)",
     )
+    p.add_argument(
+        "--payload",
+        action="store_true",
+        help="also the payload search's GIN index (job_payload_idx): it costs every enqueue",
+    )
     p.set_defaults(handler=cmd_dashboard_indexes)
 
 
 def cmd_dashboard_indexes(args: argparse.Namespace, settings: Settings) -> int:
     _, conn = open_db(settings)
     with conn:
-        db.create_dashboard_indexes(conn, settings.db_schema)
-    names = ", ".join(db.DASHBOARD_INDEXES)
+        db.create_dashboard_indexes(conn, settings.db_schema, payload=args.payload)
+    created = [*db.DASHBOARD_INDEXES, *([db.PAYLOAD_INDEX] if args.payload else [])]
+    names = ", ".join(created)
     if args.json:
-        print(json.dumps({"created": list(db.DASHBOARD_INDEXES)}))
+        print(json.dumps({"created": created}))
     else:
         print(f"dashboard indexes present: {names}")
     return 0

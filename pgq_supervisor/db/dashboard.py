@@ -1,22 +1,25 @@
 """What the dashboard (pgq_supervisor.web) reads beyond the admin statements: a page of jobs by
-keyset, a job's dependencies and dependents, bundles, throughput; and the one job delete."""
+keyset, a job's dependencies and dependents, bundles, throughput and run times, the types to
+filter by; and what only it writes: a job's delete, a schedule's pause, resume and run now."""
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Sequence
 from datetime import datetime
 
+from psycopg import errors as pg_errors
 from psycopg.rows import scalar_row
 
-from pgq_supervisor.db import rows
+from pgq_supervisor.db import web_rows as rows
 from pgq_supervisor.db.connection import Conn, cursor, statement, wrapped
-from pgq_supervisor.db.params import (
-    IdLimitParams,
-    IdParams,
-    JobsPageParams,
-    LimitParams,
-    MinutesParams,
-)
-from pgq_supervisor.jobs import JobId, JobState
+from pgq_supervisor.db.params import IdParams, NoParams, TypeParams, new_id
+from pgq_supervisor.errors import DatabaseError
+from pgq_supervisor.jobs import Bundle, BundleId, JobId, JobState
+
+
+class SearchTimedOut(DatabaseError):
+    """A bounded search (jobs_page's time_limit) ran out of time; nothing was changed."""
 
 
 def jobs_page(
@@ -26,25 +29,40 @@ def jobs_page(
     state: JobState | None = None,
     type_: str | None = None,
     unique_key: str | None = None,
+    payload: str | None = None,
+    bundle_id: BundleId | None = None,
     since: datetime | None = None,
     until: datetime | None = None,
     before: tuple[datetime, JobId] | None = None,
     limit: int = 50,
+    time_limit: float | None = None,
 ) -> list[rows.JobListed]:
     """Up to `limit` jobs, newest first (created_at, then id), after the keyset `before`
-    (the last row of the previous page); every filter None for none."""
-    params: JobsPageParams = {
+    (the last row of the previous page); every filter None for none. `payload`: JSON text of
+    an object the payload must contain (jsonb @>). `time_limit`: seconds the statement may
+    take, else SearchTimedOut (it runs in a transaction of its own, or a savepoint)."""
+    params: rows.JobsPageParams = {
         "state": None if state is None else state.value,
         "type": type_,
         "unique_key": unique_key,
+        "payload": payload,
+        "bundle_id": bundle_id,
         "since": since,
         "until": until,
         "before_at": None if before is None else before[0],
         "before_id": None if before is None else before[1],
         "limit": limit,
     }
-    with wrapped(), cursor(conn, rows.JOB_LISTED) as cur:
-        return cur.execute(statement("jobs_page", schema), params).fetchall()
+    if time_limit is None:
+        with wrapped(), cursor(conn, rows.JOB_LISTED) as cur:
+            return cur.execute(statement("jobs_page", schema), params).fetchall()
+    limit_params: rows.TimeLimitParams = {"ms": str(max(1, round(time_limit * 1000)))}
+    with wrapped(), conn.transaction(), cursor(conn, rows.JOB_LISTED) as cur:
+        conn.execute(statement("statement_time_limit", schema), limit_params)
+        try:
+            return cur.execute(statement("jobs_page", schema), params).fetchall()
+        except pg_errors.QueryCanceled as exc:
+            raise SearchTimedOut(f"the search took over {time_limit:g} s") from exc
 
 
 def job_dependencies(conn: Conn, schema: str, job_id: JobId) -> list[rows.JobLink]:
@@ -54,23 +72,77 @@ def job_dependencies(conn: Conn, schema: str, job_id: JobId) -> list[rows.JobLin
 
 
 def job_dependents(conn: Conn, schema: str, job_id: JobId, limit: int) -> list[rows.JobLink]:
-    params: IdLimitParams = {"id": job_id, "limit": limit}
+    params: rows.IdLimitParams = {"id": job_id, "limit": limit}
     with wrapped(), cursor(conn, rows.JOB_LINK) as cur:
         return cur.execute(statement("job_dependents", schema), params).fetchall()
 
 
 def bundles_page(conn: Conn, schema: str, limit: int) -> list[rows.BundleListed]:
-    params: LimitParams = {"limit": limit}
+    params: rows.LimitParams = {"limit": limit}
     with wrapped(), cursor(conn, rows.BUNDLE_LISTED) as cur:
         return cur.execute(statement("bundles_page", schema), params).fetchall()
+
+
+def bundle_completion(conn: Conn, schema: str, bundle: Bundle) -> rows.JobLink | None:
+    """The job `bundle.on_complete` enqueued for it once it completed (None: not yet, or
+    none declared)."""
+    if bundle.on_complete is None:
+        return None
+    params: rows.BundleCompletionParams = {
+        "id": bundle.id, "type": bundle.on_complete, "since": bundle.created_at,
+    }  # fmt: skip
+    with wrapped(), cursor(conn, rows.JOB_LINK) as cur:
+        return cur.execute(statement("bundle_completion", schema), params).fetchone()
 
 
 def throughput(conn: Conn, schema: str, minutes: int) -> list[rows.ThroughputMinute]:
     """Succeeded and failed jobs per minute over the last `minutes` (the current one too);
     minutes without any are missing."""
-    params: MinutesParams = {"minutes": minutes}
+    params: rows.MinutesParams = {"minutes": minutes}
     with wrapped(), cursor(conn, rows.THROUGHPUT_MINUTE) as cur:
         return cur.execute(statement("throughput", schema), params).fetchall()
+
+
+def type_throughput(
+    conn: Conn, schema: str, type_: str, window: float, bucket: float
+) -> list[rows.ThroughputMinute]:
+    """One type's succeeded and failed jobs per `bucket` seconds (aligned on whole buckets)
+    over the last `window` seconds; empty buckets are missing."""
+    params: rows.TypeWindowParams = {"type": type_, "window": window, "bucket": bucket}
+    with wrapped(), cursor(conn, rows.THROUGHPUT_MINUTE) as cur:
+        return cur.execute(statement("type_throughput", schema), params).fetchall()
+
+
+def type_durations(conn: Conn, schema: str, type_: str, window: float) -> rows.Durations:
+    """Run time percentiles of one type's jobs finished in the last `window` seconds."""
+    params: rows.TypeWindowOnlyParams = {"type": type_, "window": window}
+    with wrapped(), cursor(conn, rows.DURATIONS) as cur:
+        found = cur.execute(statement("type_durations", schema), params).fetchone()
+    assert found is not None  # an aggregate always returns its row
+    return found
+
+
+def type_active(conn: Conn, schema: str, type_: str) -> rows.TypeActive:
+    """One type's unfinished jobs now, and its concurrency limits."""
+    params: TypeParams = {"type": type_}
+    with wrapped(), cursor(conn, rows.TYPE_ACTIVE) as cur:
+        found = cur.execute(statement("type_active", schema), params).fetchone()
+    assert found is not None  # one row of subqueries, always
+    return found
+
+
+def type_names(conn: Conn, schema: str) -> list[str]:
+    """Types worth listing in a filter (queries.sql says which), sorted."""
+    params: NoParams = {}
+    with wrapped(), cursor(conn, scalar_row) as cur:
+        return [str(t) for t in cur.execute(statement("type_names", schema), params)]
+
+
+def running_on(conn: Conn, schema: str, workers: Sequence[str]) -> list[rows.RunningJob]:
+    """The running jobs held by `workers` (worker ids), the earliest claimed first."""
+    params: rows.WorkersParams = {"workers": list(workers)}
+    with wrapped(), cursor(conn, rows.RUNNING_JOB) as cur:
+        return cur.execute(statement("running_on", schema), params).fetchall()
 
 
 def delete_job(conn: Conn, schema: str, job_id: JobId) -> bool:
@@ -80,12 +152,41 @@ def delete_job(conn: Conn, schema: str, job_id: JobId) -> bool:
         return cur.execute(statement("delete_job", schema), params).fetchone() is not None
 
 
+def pause_schedule(conn: Conn, schema: str, name: str, paused_by: str) -> bool:
+    """Stop schedule `name` enqueueing its ticks; False when unknown or paused already."""
+    params: rows.SchedulePauseParams = {"name": name, "paused_by": paused_by}
+    with wrapped(), cursor(conn, scalar_row) as cur:
+        return cur.execute(statement("schedule_pause", schema), params).fetchone() is not None
+
+
+def resume_schedule(conn: Conn, schema: str, name: str) -> bool:
+    """Resume schedule `name` from its next tick (the missed ones are skipped); False when
+    unknown or not paused."""
+    params: rows.ScheduleNameParams = {"name": name}
+    with wrapped(), cursor(conn, scalar_row) as cur:
+        return cur.execute(statement("schedule_resume", schema), params).fetchone() is not None
+
+
+def run_schedule_now(conn: Conn, schema: str, name: str) -> JobId | None:
+    """Enqueue schedule `name`'s job, due now, apart from its ticks; None when unknown."""
+    params: rows.ScheduleRunParams = {"name": name, "id": new_id()}
+    with wrapped(), cursor(conn, scalar_row) as cur:
+        found: uuid.UUID | None = cur.execute(
+            statement("schedule_run_now", schema), params
+        ).fetchone()
+    return None if found is None else JobId(found)
+
+
 DASHBOARD_INDEXES = ("job_created_idx", "job_type_created_idx")
+PAYLOAD_INDEX = "job_payload_idx"
 
 
-def create_dashboard_indexes(conn: Conn, schema: str) -> None:
-    """The Jobs page's opt-in indexes (schema/0010), built CONCURRENTLY; kept if they exist.
-    `conn` must be in autocommit mode (CONCURRENTLY cannot run in a transaction)."""
+def create_dashboard_indexes(conn: Conn, schema: str, *, payload: bool = False) -> None:
+    """The Jobs page's opt-in indexes (schema/0010), built CONCURRENTLY; kept if they exist;
+    with `payload`, the payload search's GIN index too. `conn` must be in autocommit mode
+    (CONCURRENTLY cannot run in a transaction)."""
     with wrapped():
         conn.execute(statement("dashboard_index_created", schema))
         conn.execute(statement("dashboard_index_type_created", schema))
+        if payload:
+            conn.execute(statement("dashboard_index_payload", schema))

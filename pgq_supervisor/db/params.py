@@ -276,6 +276,7 @@ class ScheduleDeclareParams(TypedDict):
     timezones: list[str]
     priorities: list[int]
     catch_ups: list[int]
+    payloads: list[str]
 
 
 class ScheduleNamesParams(TypedDict):
@@ -311,33 +312,6 @@ class SupervisorRegisterParams(TypedDict):
 
 class SupervisorIdParams(TypedDict):
     id: str
-
-
-class JobsPageParams(TypedDict):
-    """`jobs_page`: each filter None for none; the keyset (`before_at`, `before_id`) is the
-    last row of the page before (both None: the first page)."""
-
-    state: str | None
-    type: str | None
-    unique_key: str | None
-    since: datetime | None
-    until: datetime | None
-    before_at: datetime | None
-    before_id: JobId | None
-    limit: int
-
-
-class IdLimitParams(TypedDict):
-    id: uuid.UUID
-    limit: int
-
-
-class LimitParams(TypedDict):
-    limit: int
-
-
-class MinutesParams(TypedDict):
-    minutes: int
 
 
 class SchemaNameParams(TypedDict):
@@ -398,14 +372,6 @@ PARAMS: dict[str, type] = {
     "supervisor_register": SupervisorRegisterParams,
     "supervisor_unregister": SupervisorIdParams,
     "supervisors_list": NoParams,
-    "jobs_page": JobsPageParams,
-    "job_dependencies": IdParams,
-    "job_dependents": IdLimitParams,
-    "bundles_page": LimitParams,
-    "throughput": MinutesParams,
-    "delete_job": IdParams,
-    "dashboard_index_created": NoParams,
-    "dashboard_index_type_created": NoParams,
     "schema_dump_search_path": NoParams,
     "schema_dump_version": NoParams,
     "schema_dump_types": SchemaNameParams,

@@ -4,8 +4,8 @@ A `NamedRow` finds, by name, where each field of its class is among the result's
 builds every row from those positions; the names are the fields of the class, written once,
 there. The positions are worked out once per result shape, not per result: a claim returns up
 to a few hundred rows many times a second, and each microsecond per statement shows. `ROWS`
-pairs each row-returning statement with its columns; a test checks each statement returns
-exactly those.
+pairs each row-returning statement with its columns (`web_rows.ROWS` the dashboard's); a test
+checks each statement returns exactly those.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from psycopg.rows import RowMaker, no_result
 
 from pgq_supervisor.jobs import (
     Bundle,
-    BundleId,
     EndedAttempt,
     Job,
     JobId,
@@ -118,12 +117,13 @@ class OriginSummary(NamedTuple):
 @dataclasses.dataclass(frozen=True, slots=True)
 class ScheduleState:
     """Where a schedule stands: ticks after `last_tick` (after `created_at` when none was
-    enqueued yet) up to `now`, the database's clock, are due."""
+    enqueued yet) up to `now`, the database's clock, are due, unless it is `paused`."""
 
     name: str
     created_at: datetime
     last_tick: datetime | None
     now: datetime
+    paused: bool
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -142,6 +142,9 @@ class ScheduleRecord:
     last_tick: datetime | None
     last_job_id: JobId | None
     now: datetime
+    payload: JsonValue
+    paused_at: datetime | None
+    paused_by: str | None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -159,59 +162,6 @@ class SupervisorRecord:
     seen_at: datetime
     children: JsonValue
     seen_ago: float
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class JobListed:
-    """A job as the dashboard's job list shows it (no payload, result or history)."""
-
-    id: JobId
-    type: str
-    state: JobState
-    priority: int
-    unique_key: str | None
-    bundle_id: BundleId | None
-    current_retry_count: int
-    max_retry_count: int | None
-    progress: JsonValue
-    error_msg: str | None
-    created_at: datetime
-    started_at: datetime | None
-    stopped_at: datetime | None
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class JobLink:
-    """Another job, as a link shows it: a dependency, a dependent, a completion job."""
-
-    id: JobId
-    type: str
-    state: JobState
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class BundleListed:
-    """A bundle and its completion job (None: not enqueued yet, or none declared)."""
-
-    id: BundleId
-    type: str
-    origin: str | None
-    num_jobs: int
-    num_jobs_stopped: int
-    on_complete: str | None
-    created_at: datetime
-    updated_at: datetime
-    completion_id: JobId | None
-    completion_state: JobState | None
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class ThroughputMinute:
-    """Jobs that finished in one minute (its start), by outcome."""
-
-    minute: datetime
-    succeeded: int
-    failed: int
 
 
 def _columns(cls: type[object]) -> tuple[str, ...]:
@@ -263,11 +213,11 @@ class NamedRow(Generic[T]):
         return make
 
 
-def _state(value: object) -> JobState:
+def state_of(value: object) -> JobState:
     return JobState(str(value))
 
 
-def _maybe_state(value: object) -> JobState | None:
+def maybe_state_of(value: object) -> JobState | None:
     return None if value is None else JobState(str(value))
 
 
@@ -296,22 +246,18 @@ def _results(value: object) -> object:
 
 
 JOB = NamedRow(Job, dependencies=_ids, dependency_results=_results)
-JOB_RECORD = NamedRow(JobRecord, state=_state)
+JOB_RECORD = NamedRow(JobRecord, state=state_of)
 BUNDLE = NamedRow(Bundle)
-ENDED_ATTEMPT = NamedRow(EndedAttempt, new_state=_state)
-TYPE_STATS = NamedRow(TypeStats, state=_state)
-ORIGIN_SUMMARY = NamedRow(OriginSummary, state=_state, failed_attempts=_zero_if_null)
+ENDED_ATTEMPT = NamedRow(EndedAttempt, new_state=state_of)
+TYPE_STATS = NamedRow(TypeStats, state=state_of)
+ORIGIN_SUMMARY = NamedRow(OriginSummary, state=state_of, failed_attempts=_zero_if_null)
 UNIQUE_HOLDER = NamedRow(UniqueHolder)
-JOB_STATE = NamedRow(JobStateRow, state=_state)
-CANCEL_RESULT = NamedRow(CancelResult, state=_state)
+JOB_STATE = NamedRow(JobStateRow, state=state_of)
+CANCEL_RESULT = NamedRow(CancelResult, state=state_of)
 SCHEDULE_STATE = NamedRow(ScheduleState)
 SCHEDULE_RECORD = NamedRow(ScheduleRecord)
 TYPE_CONTROL = NamedRow(TypeControl)
 SUPERVISOR_RECORD = NamedRow(SupervisorRecord)
-JOB_LISTED = NamedRow(JobListed, state=_state)
-JOB_LINK = NamedRow(JobLink, state=_state)
-BUNDLE_LISTED = NamedRow(BundleListed, completion_state=_maybe_state)
-THROUGHPUT_MINUTE = NamedRow(ThroughputMinute)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -438,9 +384,4 @@ ROWS: dict[str, tuple[str, ...]] = {
     "type_controls": TYPE_CONTROL.columns,
     "type_limits": TYPE_LIMIT.columns,
     "supervisors_list": SUPERVISOR_RECORD.columns,
-    "jobs_page": JOB_LISTED.columns,
-    "job_dependencies": JOB_LINK.columns,
-    "job_dependents": JOB_LINK.columns,
-    "bundles_page": BUNDLE_LISTED.columns,
-    "throughput": THROUGHPUT_MINUTE.columns,
 }

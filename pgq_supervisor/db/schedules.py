@@ -35,6 +35,7 @@ def declare_schedules(
         "timezones": [s.timezone for s in ordered],
         "priorities": [s.priority for s in ordered],
         "catch_ups": [s.catch_up for s in ordered],
+        "payloads": [dump_json(s.payload) for s in ordered],
     }
     with wrapped(), cursor(conn, rows.SCHEDULE_STATE) as cur:
         return cur.execute(statement("schedule_declare", schema), params).fetchall()

@@ -559,20 +559,22 @@ FROM STDIN
 -- A supervisor's schedules (sorted by name: concurrent declarations lock rows in one order).
 -- A new row's created_at starts it: only ticks after it are due. The definition columns are
 -- for the CLI; the code's definition is what fires.
-INSERT INTO {schema}.schedule AS s (name, type, cron, every, timezone, priority, catch_up)
+INSERT INTO {schema}.schedule AS s (name, type, cron, every, timezone, priority, catch_up,
+                                     payload)
 SELECT * FROM unnest(%(names)s::text[], %(types)s::text[], %(crons)s::text[],
                      %(everys)s::interval[], %(timezones)s::text[], %(priorities)s::int[],
-                     %(catch_ups)s::int[])
+                     %(catch_ups)s::int[], %(payloads)s::jsonb[])
 ORDER BY 1
 ON CONFLICT (name) DO UPDATE
 SET type = excluded.type, cron = excluded.cron, every = excluded.every,
     timezone = excluded.timezone, priority = excluded.priority, catch_up = excluded.catch_up,
-    declared_at = now()
-RETURNING name, created_at, last_tick, now() AS now
+    payload = excluded.payload, declared_at = now()
+RETURNING name, created_at, last_tick, now() AS now, paused_at IS NOT NULL AS paused
 
 -- name: schedule_states
 -- Where the named schedules stand, with the database's clock (the ticks' time base).
-SELECT name, created_at, last_tick, now() AS now FROM {schema}.schedule
+SELECT name, created_at, last_tick, now() AS now, paused_at IS NOT NULL AS paused
+FROM {schema}.schedule
 WHERE name = ANY(%(names)s::text[])
 
 -- name: schedule_enqueue
@@ -580,9 +582,11 @@ WHERE name = ANY(%(names)s::text[])
 -- last_tick forward to the tick, and a concurrent one waits for the row, then finds last_tick
 -- no longer before the tick and inserts nothing. The job starts at its tick; its unique_key
 -- (periodic:NAME@TICK) records the tick for good (a retry or a release moves start_at).
+-- A paused schedule (schema/0016) enqueues nothing and keeps its last_tick.
 WITH advanced AS (
     UPDATE {schema}.schedule SET last_tick = %(tick)s, last_job_id = %(id)s
     WHERE name = %(name)s AND (last_tick IS NULL OR last_tick < %(tick)s)
+      AND paused_at IS NULL
     RETURNING name
 )
 INSERT INTO {schema}.job (id, type, payload, priority, start_at, unique_key, origin)
@@ -593,11 +597,34 @@ DO NOTHING
 RETURNING id
 
 -- name: schedules_list
--- Every schedule a supervisor declared, for the CLI.
+-- Every schedule a supervisor declared, for the CLI and the dashboard.
 SELECT name, type, cron, every, timezone, priority, catch_up, created_at, declared_at,
-       last_tick, last_job_id, now() AS now
+       last_tick, last_job_id, now() AS now, payload, paused_at, paused_by
 FROM {schema}.schedule
 ORDER BY name
+
+-- name: schedule_pause
+-- Idempotent: no row when the schedule is unknown or paused already.
+UPDATE {schema}.schedule SET paused_at = now(), paused_by = %(paused_by)s
+WHERE name = %(name)s AND paused_at IS NULL
+RETURNING name
+
+-- name: schedule_resume
+-- The ticks missed while paused are skipped: last_tick moves to now (schedule_enqueue then
+-- enqueues only ticks after it). No row when the schedule is unknown or not paused.
+UPDATE {schema}.schedule
+SET paused_at = NULL, paused_by = NULL, last_tick = greatest(last_tick, now())
+WHERE name = %(name)s AND paused_at IS NOT NULL
+RETURNING name
+
+-- name: schedule_run_now
+-- One job as a tick of the schedule would enqueue it, due now, outside its ticks: no
+-- unique_key (a tick's key names its tick), last_tick unchanged. No row for an unknown schedule.
+INSERT INTO {schema}.job (id, type, payload, priority, origin)
+SELECT %(id)s, s.type, s.payload, s.priority, 'periodic:' || s.name || ' (run now)'
+FROM {schema}.schedule s
+WHERE s.name = %(name)s
+RETURNING id
 
 -- name: pause_type
 -- Idempotent: pausing a paused type changes nothing and returns no row.
@@ -731,13 +758,18 @@ ORDER BY started_at, id
 -- so each query is planned with its values and a NULL filter folds away: the planner walks
 -- job_created_idx, job_unusual_created_idx (failed, cancelled) or job_type_created_idx
 -- backwards (a common state on job_created_idx: most rows are of one), or finds a
--- unique_key on job_unique_key_any_idx (schema/0010).
+-- unique_key on job_unique_key_any_idx (schema/0010). A payload search (containment, @>)
+-- has an index only where `dashboard-indexes --payload` made job_payload_idx; without it the
+-- walk down job_created_idx reads rows until a page matches, so the caller bounds it with a
+-- statement_timeout (web/jobs_view.py).
 SELECT id, type, state, priority, unique_key, bundle_id, current_retry_count, max_retry_count,
-       progress, error_msg, created_at, started_at, stopped_at
+       progress, error_msg, created_at, started_at, stopped_at, start_at, waiting_on, worker_id
 FROM {schema}.job
 WHERE (%(state)s::{schema}.job_state IS NULL OR state = %(state)s::{schema}.job_state)
   AND (%(type)s::text IS NULL OR type = %(type)s::text)
   AND (%(unique_key)s::text IS NULL OR unique_key = %(unique_key)s::text)
+  AND (%(payload)s::jsonb IS NULL OR payload @> %(payload)s::jsonb)
+  AND (%(bundle_id)s::uuid IS NULL OR bundle_id = %(bundle_id)s::uuid)
   AND (%(since)s::timestamptz IS NULL OR created_at >= %(since)s::timestamptz)
   AND (%(until)s::timestamptz IS NULL OR created_at < %(until)s::timestamptz)
   AND (%(before_at)s::timestamptz IS NULL
@@ -777,6 +809,14 @@ LEFT JOIN LATERAL (
 ORDER BY b.created_at DESC, b.id DESC
 LIMIT %(limit)s
 
+-- name: bundle_completion
+-- One bundle's completion job once enqueued, found as bundles_page finds it.
+SELECT j.id, j.type, j.state FROM {schema}.job j
+WHERE j.type = %(type)s AND j.created_at >= %(since)s
+  AND j.payload @> jsonb_build_object('bundle_id', %(id)s::text)
+ORDER BY j.created_at DESC
+LIMIT 1
+
 -- name: throughput
 -- Jobs finished per minute over the last `minutes` minutes, succeeded and failed, on
 -- job_finished_idx (state, stopped_at); minutes with none have no row.
@@ -788,6 +828,96 @@ WHERE state IN ('succeeded', 'failed')
   AND stopped_at >= date_trunc('minute', now()) - make_interval(mins => %(minutes)s - 1)
 GROUP BY 1
 ORDER BY 1
+
+-- name: type_throughput
+-- One type's jobs finished per bucket of `bucket` seconds over the last `window` seconds, on
+-- job_finished_idx (state, stopped_at); the window bounds the rows read. Empty buckets have
+-- no row.
+SELECT date_bin(make_interval(secs => %(bucket)s), stopped_at, '2000-01-01 00:00+00') AS minute,
+       (count(*) FILTER (WHERE state = 'succeeded'))::int AS succeeded,
+       (count(*) FILTER (WHERE state = 'failed'))::int AS failed
+FROM {schema}.job
+WHERE state IN ('succeeded', 'failed') AND type = %(type)s
+  AND stopped_at >= now() - make_interval(secs => %(window)s)
+GROUP BY 1
+ORDER BY 1
+
+-- name: type_active
+-- One type's unfinished jobs, each count on the partial index that holds its rows (as depth()
+-- in schema/0014 does): a `state IN (...)` over the whole table would read every finished job.
+-- Waiting jobs are found through their dependency rows (job_dependency_pkey leads with job_id).
+SELECT
+    ((SELECT count(*) FROM {schema}.job
+      WHERE state = 'pending' AND waiting_on = 0 AND start_at <= created_at AND type = %(type)s)
+     + (SELECT count(*) FROM {schema}.job
+        WHERE state = 'pending' AND waiting_on = 0 AND start_at > created_at
+          AND start_at <= now() AND type = %(type)s))::int AS ready,
+    (SELECT count(*) FROM {schema}.job
+     WHERE state = 'pending' AND waiting_on = 0 AND start_at > created_at AND start_at > now()
+       AND type = %(type)s)::int AS delayed,
+    (SELECT count(*) FROM {schema}.job j
+     WHERE j.state = 'pending' AND j.waiting_on > 0 AND j.type = %(type)s
+       AND j.id IN (SELECT d.job_id FROM {schema}.job_dependency d))::int AS waiting,
+    (SELECT count(*) FROM {schema}.job
+     WHERE state = 'running' AND type = %(type)s)::int AS running,
+    extract(epoch FROM now() - least(
+        (SELECT min(start_at) FROM {schema}.job
+         WHERE state = 'pending' AND waiting_on = 0 AND start_at <= created_at
+           AND type = %(type)s),
+        (SELECT min(start_at) FROM {schema}.job
+         WHERE state = 'pending' AND waiting_on = 0 AND start_at > created_at
+           AND start_at <= now() AND type = %(type)s)))::float8 AS oldest_ready_age,
+    (SELECT l.global_concurrency FROM {schema}.type_limit l WHERE l.type = %(type)s)
+        AS global_concurrency,
+    (SELECT l.key_concurrency FROM {schema}.type_limit l WHERE l.type = %(type)s)
+        AS key_concurrency
+
+-- name: type_durations
+-- Run time (started_at to stopped_at, the last attempt's) percentiles of one type's jobs that
+-- finished in the last `window` seconds, succeeded or failed; the same rows as type_throughput.
+SELECT count(*)::int AS jobs,
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY s)::float8 AS p50,
+       percentile_cont(0.95) WITHIN GROUP (ORDER BY s)::float8 AS p95,
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY s)::float8 AS p99,
+       max(s)::float8 AS max
+FROM (SELECT extract(epoch FROM stopped_at - started_at) AS s
+      FROM {schema}.job
+      WHERE state IN ('succeeded', 'failed') AND type = %(type)s AND started_at IS NOT NULL
+        AND stopped_at >= now() - make_interval(secs => %(window)s)) d
+
+-- name: type_names
+-- The job types worth offering in a filter, without reading the job table: those a supervisor
+-- serves, those running (job_running_idx holds the running jobs only), and those with a pause,
+-- a rate, a limit or a schedule. A type nobody serves any more is typed in the address
+-- (?type=NAME) or reached from its page. (Pending jobs are not read: a deep backlog would
+-- make every Jobs page count it.)
+SELECT type FROM {schema}.job WHERE state = 'running'
+UNION SELECT unnest(types) FROM {schema}.supervisor
+UNION SELECT type FROM {schema}.type_pause
+UNION SELECT type FROM {schema}.type_rate
+UNION SELECT type FROM {schema}.type_limit
+UNION SELECT type FROM {schema}.schedule
+ORDER BY 1
+
+-- name: running_on
+-- The running jobs (claimed: started_at is the claim's time) of the given workers, for the
+-- Workers page to name the ones a child holds without having started them and to time the one
+-- in hand (a few rows: job_running_idx holds the running jobs only).
+SELECT id, type, state, worker_id, started_at
+FROM {schema}.job
+WHERE state = 'running' AND worker_id = ANY(%(workers)s::text[])
+ORDER BY started_at, id
+
+-- name: statement_time_limit
+-- For the rest of the transaction: the Jobs page bounds a search no index serves with it.
+SELECT set_config('statement_timeout', %(ms)s, true)
+
+-- name: dashboard_index_payload
+-- Opt-in (`dashboard-indexes --payload`): the Jobs page's payload search (payload @> ...).
+-- jsonb_path_ops: smaller than the default GIN class and serves @> only, which is all the
+-- search asks. Costs every insert a GIN entry per payload value (measured: docs/dashboard.md).
+CREATE INDEX CONCURRENTLY IF NOT EXISTS job_payload_idx ON {schema}.job
+USING gin (payload jsonb_path_ops)
 
 -- name: dashboard_index_created
 -- Opt-in (schema/0010 says why): the Jobs page's index for its unfiltered list, time ranges

@@ -1,6 +1,6 @@
 """HTTP Basic for the dashboard: one user, every page and action (the `dashboard` command's
 PGQ_DASHBOARD_USER and PGQ_DASHBOARD_PASSWORD). Send it over TLS only: Basic is a password in
-each request. For roles, or your own sign-in, pass your own `authorize` (see docs/dashboard.md).
+each request. For roles, or your own sign-in, pass your own `authorize` (docs/dashboard.md).
 """
 
 from __future__ import annotations

@@ -3,21 +3,21 @@ and what each action does. No HTTP here: app.py calls these in Starlette's threa
 
 from __future__ import annotations
 
-import json
-import uuid
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from dataclasses import dataclass
+from datetime import datetime
 
 from pgq_supervisor import db
-from pgq_supervisor.db.rows import JobListed, ThroughputMinute
-from pgq_supervisor.display import children_of, not_started, progress_cell
-from pgq_supervisor.errors import JobNotFound
-from pgq_supervisor.jobs import JobId, JobState, JsonValue, check_type_name
+from pgq_supervisor.db.rows import ScheduleRecord
+from pgq_supervisor.db.web_rows import RunningJob
+from pgq_supervisor.display import children_of, count_of, not_started
+from pgq_supervisor.errors import ConfigError, JobNotFound
+from pgq_supervisor.jobs import BundleId, JobId, JobState
+from pgq_supervisor.periodic import Schedule
+from pgq_supervisor.web.charts import CHART_MINUTES, chart
 
-CHART_MINUTES = 60
 MAX_DEPENDENTS = 100
 MAX_BUNDLES = 100
+MAX_BUNDLE_JOBS = 500
 Data = dict[str, object]
 
 
@@ -25,46 +25,6 @@ Data = dict[str, object]
 class Flash:
     ok: bool
     message: str
-
-
-# ---- template filters ----
-
-
-def when(value: datetime | None) -> str:
-    if value is None:
-        return "-"
-    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
-
-
-def when_text(value: object) -> str:
-    """An ISO 8601 time as stored in JSON (an attempt's), shown as `when` shows one."""
-    if not isinstance(value, str):
-        return "-"
-    try:
-        return when(datetime.fromisoformat(value))
-    except ValueError:
-        return value
-
-
-def ago(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    s = max(0.0, seconds)
-    if s < 120:
-        return f"{s:.0f} s"
-    if s < 7200:
-        return f"{s / 60:.0f} min"
-    if s < 172800:
-        return f"{s / 3600:.0f} h"
-    return f"{s / 86400:.0f} d"
-
-
-def pretty(value: JsonValue) -> str:
-    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
-
-
-def progress(value: JsonValue) -> str:
-    return progress_cell(value)
 
 
 # ---- overview ----
@@ -88,26 +48,7 @@ class TypeRow:
     reason: str | None = None
     rate: str | None = None
     free_starts: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Bar:
-    x: float
-    y: float
-    height: float
-    kind: str  # "succeeded" | "failed"
-    title: str
-
-
-@dataclass
-class Chart:
-    """The throughput chart as SVG geometry: a stacked bar per minute, the newest rightmost."""
-
-    width: int = 720
-    height: int = 160
-    bars: list[Bar] = field(default_factory=list)
-    top: int = 0
-    bar_width: float = 0.0
+    schedules: int = 0
 
 
 def overview(conn: db.Conn, schema: str) -> Data:
@@ -139,6 +80,11 @@ def overview(conn: db.Conn, schema: str) -> Data:
     succeeded = sum(m.succeeded for m in minutes)
     failed = sum(m.failed for m in minutes)
     ended = succeeded + failed
+    schedules: dict[str, int] = {}
+    for sc in db.list_schedules(conn, schema):
+        schedules[sc.type] = schedules.get(sc.type, 0) + 1
+    for t in types.values():
+        t.schedules = schedules.get(t.type, 0)
     return {
         "types": sorted(types.values(), key=lambda r: r.type),
         "chart": chart(minutes, db.db_now(conn, schema)),
@@ -146,129 +92,6 @@ def overview(conn: db.Conn, schema: str) -> Data:
         "hour_failed": failed,
         "failure_rate": None if ended == 0 else failed / ended,
         "supervisors": len(db.list_supervisors(conn, schema)),
-    }
-
-
-def chart(minutes: list[ThroughputMinute], now: datetime) -> Chart:
-    """Bars for the last CHART_MINUTES minutes up to `now` (the database's clock)."""
-    c = Chart()
-    current = now.replace(second=0, microsecond=0)
-    by_minute = {m.minute.astimezone(UTC): m for m in minutes}
-    c.top = max((m.succeeded + m.failed for m in minutes), default=0)
-    c.bar_width = c.width / CHART_MINUTES
-    plot = c.height - 20  # room for the axis labels
-    scale = plot / c.top if c.top else 0.0
-    for i in range(CHART_MINUTES):
-        minute = current - timedelta(minutes=CHART_MINUTES - 1 - i)
-        m = by_minute.get(minute.astimezone(UTC))
-        if m is None:
-            continue
-        x = i * c.bar_width
-        label = f"{minute.astimezone(UTC):%H:%M} UTC: {m.succeeded} succeeded, {m.failed} failed"
-        ok_h, bad_h = m.succeeded * scale, m.failed * scale
-        if m.succeeded:
-            c.bars.append(Bar(x, plot - ok_h, ok_h, "succeeded", label))
-        if m.failed:
-            c.bars.append(Bar(x, plot - ok_h - bad_h, bad_h, "failed", label))
-    return c
-
-
-# ---- jobs ----
-
-
-def _moment(text: str, what: str) -> datetime | None:
-    """An ISO date-time from a form (datetime-local has no zone: UTC)."""
-    if not text:
-        return None
-    try:
-        value = datetime.fromisoformat(text)
-    except ValueError:
-        raise ValueError(f"invalid {what}: {text[:40]!r} is not a date and time") from None
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
-
-
-@dataclass(frozen=True, slots=True)
-class JobsQuery:
-    """The jobs page's filters and keyset, from its query string."""
-
-    state: JobState | None = None
-    type: str | None = None
-    search: str = ""
-    since: datetime | None = None
-    until: datetime | None = None
-    before: tuple[datetime, JobId] | None = None
-    raw: Mapping[str, str] = field(default_factory=dict)
-
-    @property
-    def job_id(self) -> JobId | None:
-        """The search, when it reads as a job id."""
-        try:
-            return JobId(uuid.UUID(self.search)) if self.search else None
-        except ValueError:
-            return None
-
-    @classmethod
-    def parse(cls, params: Mapping[str, str]) -> JobsQuery:
-        """Raises ValueError naming the bad parameter."""
-        raw = {k: params.get(k, "") for k in ("state", "type", "q", "since", "until")}
-        state = None
-        if raw["state"]:
-            try:
-                state = JobState(raw["state"])
-            except ValueError:
-                raise ValueError(f"invalid state: {raw['state'][:40]!r}") from None
-        type_ = check_type_name(raw["type"]) if raw["type"] else None
-        before = None
-        if params.get("before"):
-            at, _, id_text = params["before"].partition(",")
-            try:
-                before = (datetime.fromisoformat(at), JobId(uuid.UUID(id_text)))
-            except ValueError:
-                raise ValueError("invalid before: not a page of this list") from None
-        return cls(
-            state=state,
-            type=type_,
-            search=raw["q"].strip(),
-            since=_moment(raw["since"], "since"),
-            until=_moment(raw["until"], "until"),
-            before=before,
-            raw=raw,
-        )
-
-
-def empty_jobs(error: str) -> Data:
-    return {
-        "rows": [], "next": None, "filters": {}, "error": error, "states": list(JobState),
-        "paged": False,
-    }  # fmt: skip
-
-
-def jobs(conn: db.Conn, schema: str, query: JobsQuery, limit: int) -> Data:
-    rows: list[JobListed] = db.jobs_page(
-        conn,
-        schema,
-        state=query.state,
-        type_=query.type,
-        unique_key=query.search or None,
-        since=query.since,
-        until=query.until,
-        before=query.before,
-        limit=limit + 1,
-    )
-    more = len(rows) > limit
-    rows = rows[:limit]
-    next_page = None
-    if more:
-        last = rows[-1]
-        next_page = {**{k: v for k, v in query.raw.items() if v}}
-        next_page["before"] = f"{last.created_at.isoformat()},{last.id}"
-    return {
-        "rows": rows,
-        "next": next_page,
-        "filters": query.raw,
-        "error": None,
-        "states": list(JobState),
-        "paged": query.before is not None,
     }
 
 
@@ -298,29 +121,90 @@ def job(conn: db.Conn, schema: str, job_id: JobId) -> Data:
         if record.state is JobState.RUNNING
         else None,
         "cancellable": record.state in (JobState.PENDING, JobState.RUNNING),
+        "now": db.db_now(conn, schema),
     }
 
 
-def job_action(conn: db.Conn, schema: str, action: str, job_id: JobId) -> tuple[bool, str]:
-    """Run `action` on one job; (done, what to tell the user)."""
-    if action == "retry":
-        refused = db.reset(conn, schema, job_id, force=False)
-        if refused is not None:
-            return False, f"not retried: job {job_id} is {refused.value}, not finished"
-        return True, f"job {job_id} is pending again"
-    if action == "cancel":
-        result = db.cancel(conn, schema, job_id)
-        if not result.cancelled:
-            return False, f"not cancelled: job {job_id} is {result.state.value} already"
-        if result.state is JobState.RUNNING:
-            return True, f"job {job_id} cancelled; its worker is being stopped"
-        return True, f"job {job_id} cancelled"
-    if action == "delete":
-        if db.delete_job(conn, schema, job_id):
-            return True, f"job {job_id} deleted"
-        db.get_job(conn, schema, job_id)  # JobNotFound when it is unknown
-        return False, f"not deleted: job {job_id} is not finished (cancel it first)"
-    raise ValueError(f"unknown job action {action!r}")
+# ---- bundles, workers, schedules ----
+
+
+def bundles(conn: db.Conn, schema: str) -> Data:
+    return {"bundles": db.bundles_page(conn, schema, MAX_BUNDLES)}
+
+
+def bundle(conn: db.Conn, schema: str, bundle_id: BundleId) -> Data:
+    """A bundle and its jobs (the first MAX_BUNDLE_JOBS, newest first); JobNotFound if gone."""
+    record = db.get_bundle(conn, schema, bundle_id)
+    jobs = db.jobs_page(conn, schema, bundle_id=bundle_id, limit=MAX_BUNDLE_JOBS + 1)
+    states: dict[str, int] = {}
+    for j in jobs:
+        states[j.state.value] = states.get(j.state.value, 0) + 1
+    completion = db.bundle_completion(conn, schema, record)
+    return {
+        "bundle": record,
+        "jobs": jobs[:MAX_BUNDLE_JOBS],
+        "more": len(jobs) > MAX_BUNDLE_JOBS,
+        "states": sorted(states.items()),
+        "completion": completion,
+        "now": db.db_now(conn, schema),
+    }
+
+
+def workers(conn: db.Conn, schema: str, stale_after: float) -> Data:
+    """Each supervisor and its children; for each child, the jobs it holds (claimed: running
+    in the database) that it had not started when its supervisor last wrote."""
+    records = db.list_supervisors(conn, schema)
+    children = {r.id: children_of(r) for r in records}
+    worker_ids = [str(c["worker_id"]) for cs in children.values() for c in cs if c.get("worker_id")]
+    held: dict[str, list[RunningJob]] = {}
+    for job in db.running_on(conn, schema, worker_ids) if worker_ids else []:
+        held.setdefault(job.worker_id, []).append(job)
+    shown = []
+    for r in records:
+        kids = []
+        for c in children[r.id]:
+            ids = c.get("job_ids")
+            started = {str(i) for i in ids} if isinstance(ids, list) else set()
+            if c.get("job_id"):
+                started.add(str(c.get("job_id")))
+            mine = held.get(str(c.get("worker_id")), [])
+            waiting = (
+                [j for j in mine if str(j.id) not in started] if count_of(c.get("held")) else []
+            )
+            in_hand = next((j for j in mine if str(j.id) == str(c.get("job_id"))), None)
+            kids.append({"child": c, "not_started": waiting, "in_hand": in_hand})
+        shown.append({"record": r, "children": kids, "stale": r.seen_ago > stale_after})
+    return {"supervisors": shown, "now": db.db_now(conn, schema)}
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleShown:
+    record: ScheduleRecord
+    next_run: datetime | None  # None: paused, or its definition no longer parses
+
+
+def schedule_rows(conn: db.Conn, schema: str, type_: str | None = None) -> list[ScheduleShown]:
+    shown = []
+    for r in db.list_schedules(conn, schema):
+        if type_ is not None and r.type != type_:
+            continue
+        shown.append(ScheduleShown(r, None if r.paused_at is not None else next_run(r)))
+    return shown
+
+
+def next_run(r: ScheduleRecord) -> datetime | None:
+    """When the schedule's next tick falls, by its stored definition and the database's clock."""
+    try:
+        schedule = Schedule.make(
+            r.name, type=r.type, cron=r.cron, every=r.every, timezone=r.timezone
+        )
+    except ConfigError:  # e.g. a timezone this machine lacks: no next run to show
+        return None
+    return schedule.next_tick(max(r.last_tick or r.created_at, r.now))
+
+
+def schedules(conn: db.Conn, schema: str) -> Data:
+    return {"schedules": schedule_rows(conn, schema)}
 
 
 def type_action(conn: db.Conn, schema: str, action: str, type_: str, who: str) -> tuple[bool, str]:
@@ -340,21 +224,20 @@ def type_action(conn: db.Conn, schema: str, action: str, type_: str, who: str) -
     raise ValueError(f"unknown type action {action!r}")
 
 
-# ---- bundles, workers, schedules ----
-
-
-def bundles(conn: db.Conn, schema: str) -> Data:
-    return {"bundles": db.bundles_page(conn, schema, MAX_BUNDLES)}
-
-
-def workers(conn: db.Conn, schema: str, stale_after: float) -> Data:
-    return {
-        "supervisors": [
-            {"record": r, "children": children_of(r), "stale": r.seen_ago > stale_after}
-            for r in db.list_supervisors(conn, schema)
-        ]
-    }
-
-
-def schedules(conn: db.Conn, schema: str) -> Data:
-    return {"schedules": db.list_schedules(conn, schema)}
+def schedule_action(
+    conn: db.Conn, schema: str, action: str, name: str, who: str
+) -> tuple[bool, str]:
+    if action == "run_schedule":
+        job_id = db.run_schedule_now(conn, schema, name)
+        if job_id is None:
+            return False, f"no schedule named {name}"
+        return True, f"schedule {name}: job {job_id} enqueued, due now"
+    if action == "pause_schedule":
+        if not db.pause_schedule(conn, schema, name, who):
+            return False, f"schedule {name} is unknown or paused already: nothing changed"
+        return True, f"paused schedule {name}: it enqueues nothing until resumed"
+    if action == "resume_schedule":
+        if not db.resume_schedule(conn, schema, name):
+            return False, f"schedule {name} is unknown or not paused: nothing changed"
+        return True, f"resumed schedule {name} from its next tick"
+    raise ValueError(f"unknown schedule action {action!r}")

@@ -3,7 +3,7 @@
 browser sends), with a real supervisor running the jobs. One browser session for all the
 checks: every page against known jobs, the counts shown equal the database's, a failed job's
 traceback, pause a type and see none of its jobs start, retry and see the job pending, then
-succeeded without a reload (the live update). Screenshots go to docs/.
+succeeded without a reload (the live update). Screenshots go to docs/img/.
 
 ./scripts/test leaves this file out, saying so in one line, where no Chromium is found; run
 directly without one it fails (PGQ_CHROMIUM names another executable)."""
@@ -92,21 +92,21 @@ def _run(dsn: str, db: Conn, sups: list[Supervisor], page: Page, dash: Dashboard
     expect(page.locator("#hour-failed")).to_have_text("1")
     expect(page.locator("#failure-rate")).to_have_text("14.3 %")
     assert page.locator("svg.chart rect").count() >= 1
-    DOCS.mkdir(exist_ok=True)
-    page.screenshot(path=str(DOCS / "dashboard-overview.png"), full_page=True)
+    (DOCS / "img").mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(DOCS / "img" / "dashboard-overview.png"), full_page=True)
 
     page.click("text=Jobs")
     expect(page.locator("table#jobs tbody tr")).to_have_count(count(dsn))
     page.select_option("select[name=state]", "failed")
     page.click("button:text('Filter')")
     expect(page.locator("table#jobs tbody tr")).to_have_count(1)
-    page.click(f"a:text('{failed}')")
+    page.click(f'tr[data-id="{failed}"] .sid a')
 
     # the failed job: its traceback, its payload shown as text
     expect(page.locator("#job-state")).to_have_text("failed")
     expect(page.locator("#last-traceback")).to_contain_text("RuntimeError: gate closed")
     expect(page.locator("#payload")).to_contain_text('"<b>not bold</b>"')
-    page.screenshot(path=str(DOCS / "dashboard-job.png"), full_page=True)
+    page.screenshot(path=str(DOCS / "img" / "dashboard-job.png"), full_page=True)
     job_url = page.url
 
     page.click("text=Bundles")

@@ -445,6 +445,7 @@ def test_show_a_job_in_full_with_its_attempts_and_progress(dsn: str, conn: Conn)
     assert lines["id"].split()[1] == str(job_id)
     assert lines["state"].split()[1] == "running"
     assert lines["priority"].split()[1] == "3"
+    assert lines["attempt"].split()[1:] == ["2", "of", "3"]  # 1-based, as the dashboard's
     assert lines["progress"].split()[1] == "42%" and '"step": "send"' in lines["progress"]
     assert lines["payload"].endswith('{"to": "a@b"}')
     assert "attempts (1 failed):" in text
@@ -485,3 +486,9 @@ def test_dashboard_indexes_are_opt_in_and_created_once(dsn: str, conn: Conn) -> 
     assert present() == set(db.DASHBOARD_INDEXES)
     assert "present" in ok(cli(dsn, "dashboard-indexes"))
     assert present() == set(db.DASHBOARD_INDEXES)
+    payload = f"{db.PAYLOAD_INDEX}"
+    assert payload in ok(cli(dsn, "dashboard-indexes", "--payload"))
+    found = conn.execute(
+        "SELECT indexdef FROM pg_indexes WHERE schemaname = 'pgq' AND indexname = %s", (payload,)
+    ).fetchone()
+    assert found is not None and "gin (payload jsonb_path_ops)" in found[0]

@@ -12,7 +12,7 @@ from psycopg.rows import dict_row
 
 import pgq_supervisor as pgq
 from pgq_supervisor import db, sql
-from pgq_supervisor.db import Conn, rows
+from pgq_supervisor.db import Conn, rows, web_rows
 from pgq_supervisor.jobs import AttemptKind, Bundle, JobId, JobRecord, JobState, LeaseToken
 from pgq_supervisor.periodic import Schedule
 from tests.support.db import SCHEMA, claim, claim_one, listening, make_due
@@ -109,6 +109,9 @@ def _sample_params(conn: Conn) -> dict[str, dict[str, object]]:
     pgq.enqueue(conn, "done", {})
     done = claim(conn, ["done"])[0]
     db.succeed(conn, SCHEMA, done.lease, [(done.id, None)])
+    completed = pgq.enqueue_bundle(conn, "b", [pgq.NewJob("bm", {})], on_complete="after")
+    (member,) = claim(conn, ["bm"])
+    db.succeed(conn, SCHEMA, member.lease, [(member.id, None)])  # enqueues its "after" job
     db.register_supervisor(
         conn, SCHEMA, id="h:1:0", host="h", pid=1, procs=1, types=["t"],
         started_at=db.db_now(conn, SCHEMA), children=[],
@@ -158,6 +161,7 @@ def _sample_params(conn: Conn) -> dict[str, dict[str, object]]:
             "timezones": ["UTC"],
             "priorities": [0],
             "catch_ups": [0],
+            "payloads": ["null"],
         },
         "schedule_states": {"names": ["s0"]},
         "schedules_list": {},
@@ -165,20 +169,27 @@ def _sample_params(conn: Conn) -> dict[str, dict[str, object]]:
         "type_limits": {},
         "supervisors_list": {},
         "jobs_page": {
-            "state": None, "type": None, "unique_key": None, "since": None, "until": None,
-            "before_at": None, "before_id": None, "limit": 10,
+            "state": None, "type": None, "unique_key": None, "payload": None,
+            "bundle_id": None, "since": None, "until": None, "before_at": None,
+            "before_id": None, "limit": 10,
         },
         "job_dependencies": {"id": _dependent(conn)},
         "job_dependents": {"id": ids[0], "limit": 10},
         "bundles_page": {"limit": 10},
+        "bundle_completion": {"id": completed.id, "type": "after", "since": completed.created_at},
         "throughput": {"minutes": 60},
+        "type_throughput": {"type": "done", "window": 3600, "bucket": 60},
+        "type_durations": {"type": "done", "window": 3600},
+        "type_active": {"type": "t"},
+        "running_on": {"workers": ["worker-1"]},
     }  # fmt: skip
 
 
 def test_each_statement_returns_exactly_the_columns_its_row_type_reads(conn: Conn) -> None:
     samples = _sample_params(conn)
-    assert set(samples) == set(rows.ROWS)
-    for name, columns in rows.ROWS.items():
+    every = {**rows.ROWS, **web_rows.ROWS}
+    assert set(samples) == set(every)
+    for name, columns in every.items():
         with conn.transaction(force_rollback=True), conn.cursor() as cur:
             cur.execute(sql.query(name, SCHEMA), samples[name])
             assert cur.description is not None and cur.rowcount > 0, name

@@ -74,6 +74,10 @@ SCHEDULE_COLUMNS = {
     "declared_at": ("timestamp with time zone", False),
     "last_tick": ("timestamp with time zone", True),
     "last_job_id": ("uuid", True),
+    # 0016: what the dashboard's "run now" enqueues, and a schedule's pause
+    "payload": ("jsonb", True),
+    "paused_at": ("timestamp with time zone", True),
+    "paused_by": ("text", True),
 }
 VERSION_COLUMNS = {
     "version": ("integer", False),

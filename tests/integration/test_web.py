@@ -95,7 +95,7 @@ def test_every_page_answers_and_shows_the_counts(client: TestClient, conn: Conn)
     assert str(bundle.id) in bundles and "1 / 1" in bundles and 'class="state pending"' in bundles
     assert "0 3 * * *" in client.get("/schedules").text
     workers = client.get("/workers").text
-    assert "host-1 pid 4242" in workers and f"t {failed}" in workers
+    assert "host-1 pid 4242" in workers and f'title="{failed}"' in workers
 
 
 def test_jobs_claimed_but_not_started_show_as_such(client: TestClient, conn: Conn) -> None:
@@ -112,7 +112,12 @@ def test_jobs_claimed_but_not_started_show_as_such(client: TestClient, conn: Con
                    "jobs_done": 7}],
     )  # fmt: skip
     workers = client.get("/workers").text
-    assert "(+2 claimed, not started)" in workers
+    held = re.search(r'<td class="held">(.*?)</td>', workers, re.S)
+    assert held is not None, "the Workers page has no column of jobs claimed, not started"
+    assert str(waiting.id) in held.group(1) and str(in_hand.id) not in held.group(1)
+    assert held.group(1).count('class="held-job"') == 2
+    in_hand_cell = re.search(r'<td class="in-hand">(.*?)</td>', workers, re.S)
+    assert in_hand_cell is not None and 'class="duration"' in in_hand_cell.group(1)
     page = client.get(f"/jobs/{waiting.id}").text
     found = re.search(r'<td id="not-started">(.*?)</td>', page, re.S)
     assert found is not None, "the job page does not say the job was not started"
@@ -137,7 +142,7 @@ def test_keyset_pages_cover_every_job_once(client: TestClient, conn: Conn) -> No
     path: str | None = "/jobs"
     while path is not None:
         page = client.get(path)
-        seen += re.findall(r'<td class="id"><a href="/jobs/([0-9a-f-]+)"', page.text)
+        seen += re.findall(r'<tr data-id="([0-9a-f-]+)"', page.text)
         older = re.search(r'id="older" href="([^"]+)"', page.text)
         path = older.group(1).replace("&amp;", "&") if older else None
     assert len(seen) == len(ids) and set(seen) == ids
@@ -151,9 +156,16 @@ def test_retry_cancel_delete_and_pause_through_forms(client: TestClient, conn: C
     assert "pending again" in done.text
     assert get(conn, failed).state is JobState.PENDING
 
-    done = client.post(f"/jobs/{failed}/cancel", data={"csrf": token})
+    # cancel and delete ask first: unconfirmed, a page that asks and nothing changed
+    asked = client.post(f"/jobs/{failed}/cancel", data={"csrf": token})
+    assert asked.status_code == 200 and f"Cancel job {failed}?" in asked.text
+    assert 'name="confirmed" value="1"' in asked.text
+    assert get(conn, failed).state is JobState.PENDING
+    done = client.post(f"/jobs/{failed}/cancel", data={"csrf": token, "confirmed": "1"})
     assert "cancelled" in done.text and get(conn, failed).state is JobState.CANCELLED
-    done = client.post(f"/jobs/{failed}/delete", data={"csrf": token})
+    asked = client.post(f"/jobs/{failed}/delete", data={"csrf": token})
+    assert f"Delete job {failed} for good?" in asked.text and count_rows(conn) == 1
+    done = client.post(f"/jobs/{failed}/delete", data={"csrf": token, "confirmed": "1"})
     assert "deleted" in done.text and count_rows(conn) == 0
 
     client.post("/types/pause", data={"csrf": token, "type": "t"})
@@ -166,7 +178,10 @@ def test_retry_cancel_delete_and_pause_through_forms(client: TestClient, conn: C
     fail_job(conn, "u")
     fail_job(conn, "u")
     fail_job(conn, "v")
-    done = client.post("/types/retry-failed", data={"csrf": token, "type": "u"})
+    asked = client.post("/types/retry-failed", data={"csrf": token, "type": "u"})
+    assert "Retry every failed job of type u?" in asked.text
+    assert count_rows(conn, where="state = 'failed'") == 3
+    done = client.post("/types/retry-failed", data={"csrf": token, "type": "u", "confirmed": "1"})
     assert "2 failed jobs of type u pending again" in done.text
     assert count_rows(conn, where="state = 'failed'") == 1
 
@@ -231,8 +246,9 @@ def test_a_script_in_a_payload_is_shown_escaped(client: TestClient, conn: Conn) 
         text = client.get(path).text
         assert "<script>alert" not in text
         assert "&lt;script&gt;alert(1)&lt;/script&gt;" in text
-    # the only script element is the dashboard's own
-    assert len(re.findall(r"<script", client.get(f"/jobs/{job_id}").text)) == 1
+    # the only script elements are the dashboard's own
+    scripts = re.findall(r"<script[^>]*>", client.get(f"/jobs/{job_id}").text)
+    assert len(scripts) == 2 and all("/static/" in s for s in scripts)
 
 
 def test_live_polls_get_304_until_something_changes(client: TestClient, conn: Conn) -> None:

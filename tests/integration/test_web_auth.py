@@ -14,10 +14,11 @@ from starlette.testclient import TestClient
 from pgq_supervisor import db
 from pgq_supervisor.db import Conn
 from pgq_supervisor.jobs import JobId, JobState, NewJob
+from pgq_supervisor.periodic import Schedule
 from pgq_supervisor.web import basic_auth, create_app
 from pgq_supervisor.web.app import NO_AUTH, READ_ONLY, Action, Authorize
 from tests.integration.test_web import CSRF_RE, fail_job
-from tests.support.db import SCHEMA, claim_one, get
+from tests.support.db import SCHEMA, claim_one, count_rows, get
 
 
 class Options(TypedDict, total=False):
@@ -38,6 +39,10 @@ def _actions(failed: JobId, running: JobId) -> list[tuple[str, dict[str, str]]]:
         ("/types/retry-failed", {"type": "t"}),
         ("/types/pause", {"type": "t"}),
         ("/types/resume", {"type": "t"}),
+        ("/jobs/bulk", {"action": "delete", "id": str(failed), "confirmed": "1"}),
+        ("/jobs/bulk", {"action": "cancel", "id": str(running), "confirmed": "1"}),
+        ("/schedules/run", {"name": "nightly"}),
+        ("/schedules/pause", {"name": "nightly"}),
     ]
 
 
@@ -59,9 +64,11 @@ def test_read_only_hides_and_refuses_every_action(
     failed = fail_job(conn)
     running = db.enqueue(conn, SCHEMA, NewJob("r", {}))
     claim_one(conn, "r")
+    db.declare_schedules(conn, SCHEMA, [Schedule.make("nightly", type="t", cron="0 3 * * *")])
     app = create_app(dsn, **options)
     with TestClient(app) as client:
-        for path in ("/", f"/jobs/{failed}", f"/jobs/{running}", "/jobs"):
+        pages = ("/", f"/jobs/{failed}", f"/jobs/{running}", "/jobs", "/types/t", "/schedules")
+        for path in pages:
             page = client.get(path)
             assert page.status_code == 200
             assert '<form method="post"' not in page.text, path
@@ -76,6 +83,8 @@ def test_read_only_hides_and_refuses_every_action(
     assert get(conn, failed).state is JobState.FAILED
     assert get(conn, running).state is JobState.RUNNING
     assert not db.type_controls(conn, SCHEMA)
+    assert count_rows(conn) == 2  # "run now" enqueued nothing
+    assert [s.paused_at for s in db.list_schedules(conn, SCHEMA)] == [None]
 
 
 def test_the_default_refusal_says_how_to_turn_actions_on() -> None:

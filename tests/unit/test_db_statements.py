@@ -7,7 +7,9 @@ import re
 from typing import get_type_hints
 
 from pgq_supervisor import sql
-from pgq_supervisor.db import params, rows
+from pgq_supervisor.db import params, rows, web_rows
+
+PARAMS = {**params.PARAMS, **web_rows.PARAMS}
 
 
 def _text(name: str) -> str:
@@ -15,7 +17,7 @@ def _text(name: str) -> str:
 
 
 def test_every_statement_has_a_parameter_type() -> None:
-    assert set(params.PARAMS) == sql.query_names()
+    assert set(PARAMS) == sql.query_names()
 
 
 # enqueue and enqueue_unique share their row type; the plain insert has no unique_key
@@ -23,13 +25,13 @@ UNUSED = {"enqueue": {"unique_key"}}
 
 
 def test_parameter_types_name_exactly_the_placeholders() -> None:
-    for name, typed in params.PARAMS.items():
+    for name, typed in PARAMS.items():
         placeholders = set(re.findall(r"%\((\w+)\)s", _text(name)))
         assert placeholders == set(get_type_hints(typed)) - UNUSED.get(name, set()), name
 
 
 def test_every_row_type_is_for_a_statement() -> None:
-    assert set(rows.ROWS) <= sql.query_names()
+    assert set(rows.ROWS) | set(web_rows.ROWS) <= sql.query_names()
 
 
 def _without_comments(text: str) -> str:

@@ -42,6 +42,10 @@ class Scheduler:
         next_in: float | None = None
         for state in states:
             schedule = self.schedules[state.name]
+            if state.paused:  # from the dashboard: its ticks pass unenqueued until resumed
+                wait = (schedule.next_tick(state.now) - state.now).total_seconds()
+                next_in = wait if next_in is None else min(next_in, wait)
+                continue
             after = state.last_tick or state.created_at
             due = schedule.due_ticks(after, state.now)
             if due and schedule.next_tick(after) < due[0]:

@@ -1,0 +1,266 @@
+"""The dashboard's plumbing under its pages and actions: the pool, rendering a page (with its
+CSRF cookie, flash message and ETag), the checks before an action and its confirmation step,
+and the one-line message an action leaves for the next page. app.py says what they guard."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import inspect
+import secrets
+import threading
+import uuid
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, TypeVar
+from urllib.parse import quote, unquote, urlencode
+
+import jinja2
+from psycopg_pool import ConnectionPool
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, PlainTextResponse, Response
+
+from pgq_supervisor import db
+from pgq_supervisor.errors import JobNotFound
+from pgq_supervisor.jobs import BundleId, JobId
+from pgq_supervisor.web import views
+
+Action = Literal[
+    "view", "retry", "cancel", "delete", "retry_failed", "pause", "resume",
+    "run_schedule", "pause_schedule", "resume_schedule",
+]  # fmt: skip
+ACTIONS: tuple[Action, ...] = (
+    "view", "retry", "cancel", "delete", "retry_failed", "pause", "resume",
+    "run_schedule", "pause_schedule", "resume_schedule",
+)  # fmt: skip
+# authorize(request, action) -> bool (or an awaitable of one)
+Authorize = Callable[[Request, Action], "bool | Awaitable[bool]"]
+
+CSRF_COOKIE = "pgq_csrf"
+CSRF_FIELD = "csrf"
+CONFIRMED_FIELD = "confirmed"
+FLASH_COOKIE = "pgq_flash"
+HERE = Path(__file__).resolve().parent
+T = TypeVar("T")
+
+
+class Store:
+    """The pool, opened on first use (a mounted app gets no lifespan events), and the schema."""
+
+    def __init__(self, source: str | ConnectionPool, schema: str) -> None:
+        self.schema = schema
+        self._own = isinstance(source, str)
+        self._pool = (
+            ConnectionPool(
+                source,
+                min_size=1,
+                max_size=4,
+                kwargs={"autocommit": True, "application_name": "pgq-dashboard"},
+                open=False,
+            )
+            if isinstance(source, str)
+            else source
+        )
+        self._lock = threading.Lock()
+        self._opened = not self._own
+
+    @contextmanager
+    def connection(self) -> Iterator[db.Conn]:
+        if not self._opened:
+            with self._lock:
+                if not self._opened:
+                    self._pool.open(wait=True, timeout=10.0)
+                    self._opened = True
+        with self._pool.connection() as conn:
+            before = conn.prepare_threshold
+            conn.prepare_threshold = None
+            try:
+                yield conn
+            finally:
+                conn.prepare_threshold = before
+
+    def close(self) -> None:
+        if self._own and self._opened:
+            self._pool.close()
+
+
+class Refused(Exception):
+    """A request answered 403 with this message."""
+
+
+@dataclass(frozen=True, slots=True)
+class Fields:
+    """An action's form, every value of each field in order."""
+
+    items: Sequence[tuple[str, str]]
+
+    def get(self, name: str, default: str = "") -> str:
+        return next((v for k, v in self.items if k == name), default)
+
+    def all(self, name: str) -> list[str]:
+        return [v for k, v in self.items if k == name]
+
+    @property
+    def confirmed(self) -> bool:
+        return self.get(CONFIRMED_FIELD) == "1"
+
+
+class Handlers:
+    """What every page and action handler shares (pages.py and actions.py subclass it)."""
+
+    def __init__(
+        self,
+        store: Store,
+        env: jinja2.Environment,
+        authorize: Authorize | None,
+        refusal: str | None,
+        stale_after: float,
+    ) -> None:
+        self.store = store
+        self.env = env
+        self._authorize = authorize
+        self.refusal = refusal  # None: actions allowed (authorize still asked)
+        self.stale_after = stale_after
+
+    async def _guard(self, request: Request, action: Action) -> Fields:
+        """The checks before any action, each a Refused: read-only, CSRF, authorize."""
+        if self.refusal is not None:
+            raise Refused(self.refusal)
+        async with request.form() as form:
+            fields = Fields([(k, v) for k, v in form.multi_items() if isinstance(v, str)])
+        cookie = request.cookies.get(CSRF_COOKIE, "")
+        sent = fields.get(CSRF_FIELD)
+        if not cookie or not sent or not hmac.compare_digest(cookie.encode(), sent.encode()):
+            raise Refused("missing or wrong CSRF token: reload the page and try again")
+        if not await self._allowed(request, action):
+            raise Refused(f"not allowed: {action}")
+        return fields
+
+    async def _allowed(self, request: Request, action: Action) -> bool:
+        if self._authorize is None:
+            return True
+        verdict = self._authorize(request, action)
+        if inspect.isawaitable(verdict):
+            verdict = await verdict
+        return bool(verdict)
+
+    # ---- plumbing ----
+
+    async def _read(self, load: Callable[[db.Conn, str], T]) -> T:
+        def run() -> T:
+            with self.store.connection() as conn:
+                return load(conn, self.store.schema)
+
+        return await run_in_threadpool(run)
+
+    async def _write(self, act: Callable[[db.Conn, str], tuple[bool, str]]) -> tuple[bool, str]:
+        def run() -> tuple[bool, str]:
+            with self.store.connection() as conn, conn.transaction():
+                return act(conn, self.store.schema)
+
+        return await run_in_threadpool(run)
+
+    def _url(self, request: Request, name: str, **params: str) -> str:
+        return str(request.url_for(name, **params).path)
+
+    async def _page(
+        self,
+        request: Request,
+        template: str,
+        data: Mapping[str, object],
+        *,
+        live: bool = False,
+        status: int = 200,
+    ) -> Response:
+        if not await self._allowed(request, "view"):
+            return PlainTextResponse("not allowed: view", status_code=403)
+        token = request.cookies.get(CSRF_COOKIE) or secrets.token_urlsafe(32)
+        fragment = request.headers.get("x-pgq-live") == "1"
+        flash = read_flash(request) if not fragment else None
+        html = self.env.get_template(template).render(
+            **data,
+            fragment=fragment,
+            live=live,
+            flash=flash,
+            csrf=token,
+            read_only=self.refusal is not None,
+            refusal=self.refusal or "",
+            url=lambda name, **p: self._url(request, name, **{k: str(v) for k, v in p.items()}),
+            static=lambda path: self._url(request, "static", path=path),
+            query=lambda **p: "?" + urlencode({k: v for k, v in p.items() if v}),
+            request_path=request.url.path,
+        )
+        etag = '"' + hashlib.sha256(html.encode()).hexdigest()[:32] + '"'
+        headers = {"ETag": etag, "Cache-Control": "no-cache"}
+        if fragment and request.headers.get("if-none-match") == etag:
+            return Response(status_code=304, headers=headers)
+        response: Response = HTMLResponse(html, status_code=status, headers=headers)
+        cookie_path = self._url(request, "overview")
+        if CSRF_COOKIE not in request.cookies:
+            response.set_cookie(
+                CSRF_COOKIE, token, httponly=True, samesite="strict", path=cookie_path
+            )
+        if flash is not None:
+            response.delete_cookie(FLASH_COOKIE, path=cookie_path)
+        return response
+
+    async def _confirm(
+        self, request: Request, fields: Fields, question: str, label: str, back: str
+    ) -> Response:
+        """The confirmation step of a destructive action: a page asking `question`, whose
+        button posts the same form again, confirmed (the page's script asks in a dialog
+        instead, and posts confirmed at once)."""
+        kept = [(k, v) for k, v in fields.items if k not in (CSRF_FIELD, CONFIRMED_FIELD)]
+        data = {"question": question, "label": label, "fields": kept, "back": back,
+                "action_path": request.url.path}  # fmt: skip
+        return await self._page(request, "confirm.html", data)
+
+    async def _not_found(self, request: Request, message: str) -> Response:
+        return await self._page(request, "missing.html", {"message": message}, status=404)
+
+    def _flash(self, response: Response, request: Request, ok: bool, message: str) -> Response:
+        value = ("ok:" if ok else "error:") + message[:300]
+        response.set_cookie(
+            FLASH_COOKIE,
+            quote(value),
+            httponly=True,
+            samesite="strict",
+            path=self._url(request, "overview"),
+        )
+        return response
+
+
+def read_flash(request: Request) -> views.Flash | None:
+    raw = request.cookies.get(FLASH_COOKIE)
+    if not raw:
+        return None
+    kind, _, message = unquote(raw).partition(":")
+    return views.Flash(ok=kind == "ok", message=message)
+
+
+def parse_id(text: str) -> JobId | None:
+    try:
+        return JobId(uuid.UUID(text))
+    except ValueError:
+        return None
+
+
+def job_exists(conn: db.Conn, schema: str, job_id: JobId | None) -> bool:
+    if job_id is None:
+        return False
+    try:
+        db.get_job(conn, schema, job_id)
+    except JobNotFound:
+        return False
+    return True
+
+
+def bundle_exists(conn: db.Conn, schema: str, bundle_id: uuid.UUID) -> bool:
+    try:
+        db.get_bundle(conn, schema, BundleId(bundle_id))
+    except JobNotFound:
+        return False
+    return True

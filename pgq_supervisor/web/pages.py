@@ -1,0 +1,80 @@
+"""The dashboard's pages (GET): each reads its data through views in the thread pool and
+renders its template; `authorize(request, "view")` is asked by Handlers._page."""
+
+from __future__ import annotations
+
+import uuid
+
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+
+from pgq_supervisor.errors import JobNotFound
+from pgq_supervisor.jobs import BundleId, check_type_name
+from pgq_supervisor.web import jobs_view, type_view, views
+from pgq_supervisor.web.handlers import Handlers, bundle_exists, job_exists, parse_id
+
+PAGE_SIZE = 50
+
+
+class Pages(Handlers):
+    async def overview(self, request: Request) -> Response:
+        data = await self._read(views.overview)
+        return await self._page(request, "overview.html", data, live=True)
+
+    async def jobs(self, request: Request) -> Response:
+        try:
+            query = jobs_view.JobsQuery.parse(request.query_params)
+        except ValueError as exc:
+            data = jobs_view.empty_jobs(str(exc)) | {"filters": dict(request.query_params)}
+            return await self._page(request, "jobs.html", data, status=400)
+        found = query.job_id
+        if found is not None:
+            if await self._read(lambda conn, s: job_exists(conn, s, found)):
+                return RedirectResponse(self._url(request, "job", job_id=str(found)), 303)
+            if await self._read(lambda conn, s: bundle_exists(conn, s, found)):
+                return RedirectResponse(self._url(request, "bundle", bundle_id=str(found)), 303)
+        data = await self._read(lambda conn, s: jobs_view.jobs(conn, s, query, PAGE_SIZE))
+        return await self._page(request, "jobs.html", data)
+
+    async def job(self, request: Request) -> Response:
+        job_id = parse_id(str(request.path_params["job_id"]))
+        if job_id is None:
+            return await self._not_found(request, "not a job id")
+        try:
+            data = await self._read(lambda conn, s: views.job(conn, s, job_id))
+        except JobNotFound:
+            return await self._not_found(request, f"no job with id {job_id}")
+        return await self._page(request, "job.html", data, live=True)
+
+    async def job_type(self, request: Request) -> Response:
+        try:
+            type_ = check_type_name(str(request.path_params["type"]))
+            window = type_view.window_of(request.query_params.get("window", ""))
+        except ValueError as exc:
+            return await self._not_found(request, str(exc))
+        data = await self._read(lambda conn, s: type_view.type_page(conn, s, type_, window))
+        # live over the hour only: the longer windows read up to a week of finished jobs
+        return await self._page(request, "type.html", data, live=window.name == "1h")
+
+    async def bundles(self, request: Request) -> Response:
+        data = await self._read(views.bundles)
+        return await self._page(request, "bundles.html", data, live=True)
+
+    async def bundle(self, request: Request) -> Response:
+        try:
+            bundle_id = BundleId(uuid.UUID(str(request.path_params["bundle_id"])))
+        except ValueError:
+            return await self._not_found(request, "not a bundle id")
+        try:
+            data = await self._read(lambda conn, s: views.bundle(conn, s, bundle_id))
+        except JobNotFound:
+            return await self._not_found(request, f"no bundle with id {bundle_id}")
+        return await self._page(request, "bundle.html", data, live=True)
+
+    async def workers(self, request: Request) -> Response:
+        data = await self._read(lambda conn, s: views.workers(conn, s, self.stale_after))
+        return await self._page(request, "workers.html", data, live=True)
+
+    async def schedules(self, request: Request) -> Response:
+        data = await self._read(views.schedules)
+        return await self._page(request, "schedules.html", data)
