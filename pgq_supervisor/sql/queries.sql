@@ -582,7 +582,7 @@ WHERE name = ANY(%(names)s::text[])
 -- last_tick forward to the tick, and a concurrent one waits for the row, then finds last_tick
 -- no longer before the tick and inserts nothing. The job starts at its tick; its unique_key
 -- (periodic:NAME@TICK) records the tick for good (a retry or a release moves start_at).
--- A paused schedule (schema/0016) enqueues nothing and keeps its last_tick.
+-- A paused schedule (schema/0015) enqueues nothing and keeps its last_tick.
 WITH advanced AS (
     UPDATE {schema}.schedule SET last_tick = %(tick)s, last_job_id = %(id)s
     WHERE name = %(name)s AND (last_tick IS NULL OR last_tick < %(tick)s)

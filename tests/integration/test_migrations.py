@@ -74,7 +74,7 @@ SCHEDULE_COLUMNS = {
     "declared_at": ("timestamp with time zone", False),
     "last_tick": ("timestamp with time zone", True),
     "last_job_id": ("uuid", True),
-    # 0016: what the dashboard's "run now" enqueues, and a schedule's pause
+    # 0015: what the dashboard's "run now" enqueues, and a schedule's pause
     "payload": ("jsonb", True),
     "paused_at": ("timestamp with time zone", True),
     "paused_by": ("text", True),

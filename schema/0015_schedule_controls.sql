@@ -1,4 +1,4 @@
--- pgq_supervisor schema, version 16: what the dashboard's Schedules page acts on.
+-- pgq_supervisor schema, version 15: what the dashboard's Schedules page acts on.
 --
 -- payload: the schedule's payload as its supervisor last declared it, so that "run now" (from
 -- the dashboard, with no registry at hand) enqueues the job a tick would. NULL until a

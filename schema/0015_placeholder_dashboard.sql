@@ -1,3 +1,0 @@
--- Placeholder so that this branch's migration (0016) runs without a gap: 0015 belongs to
--- another branch. DROP THIS FILE AT MERGE (the lead replaces it with that branch's file).
-SELECT 1;
