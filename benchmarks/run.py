@@ -129,6 +129,8 @@ class Bench:
             return []
         usable: list[peers.Peer] = []
         for peer in peers.PEERS:
+            if peer not in self.opts.peers:
+                continue
             reason = peers.unavailable(peer)
             self.peer_info[peer] = {
                 "version": None if reason else peers.version(peer),
