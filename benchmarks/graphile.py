@@ -19,14 +19,27 @@ Best configuration, found the way graphile-worker's own perfTest does (`perfTest
 `perfTest/graphile.config.js`: 4 processes of `runOnce` x 24 concurrent jobs, maxPoolSize 25,
 `localQueue: {size: 500, refetchDelay: {durationMs: 10}}`, `completeJobBatchDelay: 0`,
 `failJobBatchDelay: 0`, prepared statements on; `localQueue.size` is also the size of one
-fetch, getJobBatchSize), then swept on this 2-core machine with `python -m benchmarks.graphile
---sweep` (20,000 jobs; SWEEP below; the machine was shared with other work, load 3-9, so the
-figures spread by 2x). Batching is what makes it fast: without the local queue and batched
-completions (`-1`, the library's defaults) it drained ~1,100-1,500 jobs/s; with
-`completeJobBatchDelay: -1` but the local queue on, `runOnce` exited with ~20 of 20,000 jobs
-still in the table (their DELETE not yet sent), so that configuration cannot be timed.
-Prepared statements off: ~0.8x. Process counts 1-4 and concurrency 24-50 were within the
-noise of each other; perfTest's own configuration is kept as BEST.
+fetch, getJobBatchSize), then swept around it on this 2-core machine with `python -m
+benchmarks.graphile --sweep` (SWEEP; 20,000 jobs, 3 interleaved rounds, median jobs/s; two
+sweeps, the machine shared with other work at load 3-13, so single runs spread up to 2x):
+
+    procs x concurrency (pool)  localQueue  completeDelay  prepared   sweep 1   sweep 2
+      4 x 24 (25)                  1000          0           yes       20,246    17,906   BEST
+      1 x 50 (51)                   500          0           yes       19,641    17,657
+      2 x 50 (51)                   500          0           yes       18,043    16,654
+      2 x 24 (25)                   500          0           yes       17,823    16,887
+      4 x 24 (25)                   500          0           no        14,186    17,997
+      4 x 24 (25)                   100          0           yes       15,005    14,909
+      4 x 24 (25)                   500          0           yes       11,296    12,623   perfTest's
+      2 x 24 (25)                    -1         -1           yes        1,447     1,638   defaults
+
+Everything batched is within the noise of everything else but localQueue 100 and perfTest's
+own (first in each round, which may cost it); 4 x 24 with localQueue 1000 was in the top two
+of both sweeps, so it is BEST. Without the local queue and batched completions (`-1`, the
+library's defaults) it drains ~1,500 jobs/s. With `completeJobBatchDelay: -1` and the local
+queue on, `runOnce` exited with ~20 of 20,000 jobs still in the table (their DELETE not sent
+yet), so that configuration cannot be timed (left out of SWEEP). More than 4 x 25 connections
+does not fit the server's max_connections (100) beside the other work.
 """
 
 from __future__ import annotations
@@ -76,19 +89,19 @@ class Config:
         )
 
 
-# The best of the sweep (see the docstring); perfTest's own configuration.
-BEST = Config()
+PERFTEST = Config()  # graphile-worker's perfTest/graphile.config.js, 4 processes as its run.js
+# The best of the sweep (see the docstring): perfTest's configuration with localQueue 1000
+BEST = replace(PERFTEST, local_queue=1000)
 
 SWEEP: tuple[Config, ...] = (
+    PERFTEST,
+    replace(PERFTEST, procs=2),
+    replace(PERFTEST, procs=2, concurrency=50, pool=51),
+    replace(PERFTEST, procs=1, concurrency=50, pool=51),
+    replace(PERFTEST, local_queue=100),
     BEST,
-    replace(BEST, procs=2),
-    replace(BEST, procs=2, concurrency=50, pool=51),
-    replace(BEST, procs=1, concurrency=50, pool=51),
-    replace(BEST, local_queue=100),
-    replace(BEST, local_queue=1000),
-    replace(BEST, procs=2, complete_delay=-1),
-    replace(BEST, procs=2, local_queue=-1, complete_delay=-1),
-    replace(BEST, prepared=False),
+    replace(PERFTEST, procs=2, local_queue=-1, complete_delay=-1),
+    replace(PERFTEST, prepared=False),
 )
 
 _JS = r"""
