@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks.peers import PEERS
 from benchmarks.report import Json
 
 GROUPS = (
@@ -36,7 +37,7 @@ class Options:
     dsn: str | None
     runs: int
     groups: tuple[str, ...]
-    peers: bool
+    peers: tuple[str, ...]  # the peers to run beside us (none: no --peers)
     drain_procs: tuple[int, ...]
     drain_jobs: int
     single_jobs: int
@@ -63,7 +64,7 @@ class Options:
         return {
             "runs": self.runs,
             "groups": list(self.groups),
-            "peers": self.peers,
+            "peers": list(self.peers),
             "drain_procs": list(self.drain_procs),
             "drain_jobs": self.drain_jobs,
             "single_jobs": self.single_jobs,
@@ -107,9 +108,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     add(
         "--peers",
-        action="store_true",
-        help="also run the enqueue and drain workloads "
-        "through pgqueuer and procrastinate (the `bench` extra)",
+        nargs="?",
+        const=",".join(PEERS),
+        default="",
+        metavar="NAMES",
+        help="also run the enqueue and drain workloads through the peers: all of "
+        f"{','.join(PEERS)} (pgqueuer and procrastinate need the `bench` extra, graphile-worker"
+        " node and npm), or the comma-separated NAMES",
     )
     add("--procs", default="1,2,4,8", help="drain: child counts (default 1,2,4,8)")
     add("--drain-jobs", type=int, default=20_000, help="drain: jobs per run (20,000)")
@@ -203,6 +208,10 @@ def parse_args(argv: Sequence[str]) -> Options:
         p.error("--deep-finished must be at least 0")
     if not ns.minutes >= 2:
         p.error("--minutes must be at least 2 (the soak compares the last minute with the second)")
+    peers = tuple(n for n in ns.peers.split(",") if n)
+    unknown = sorted(set(peers) - set(PEERS))
+    if unknown:
+        p.error(f"--peers: unknown peer {unknown[0]!r} (known: {', '.join(PEERS)})")
     try:
         extra = tuple(shlex.split(ns.supervisor_args))
     except ValueError as exc:
@@ -211,7 +220,7 @@ def parse_args(argv: Sequence[str]) -> Options:
         dsn=ns.dsn,
         runs=ns.runs,
         groups=groups,
-        peers=ns.peers,
+        peers=peers,
         drain_procs=procs,
         drain_jobs=ns.drain_jobs,
         single_jobs=ns.single_jobs,

@@ -7,6 +7,7 @@ configuration its authors recommend for throughput:
 - pgqueuer: asyncpg and uvloop, 2 worker processes x 2 QueueManagers each (one connection
   each), batch size 100, `QueueExecutionMode.drain`; bulk enqueue is `Queries.enqueue` with
   lists of 1,000.
+- graphile-worker (Node.js, installed from npm by the harness): see graphile.py.
 - procrastinate: its async worker (`App.run_worker_async`) with `concurrency` jobs in
   flight, 2 worker processes, `wait=False` so a worker leaves when the queue is empty; bulk
   enqueue is `Task.batch_defer_async` with 1,000 jobs per call.
@@ -33,17 +34,19 @@ from typing import Any, Literal
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from benchmarks import graphile
 from benchmarks.apps import NOOP
 from benchmarks.drain import GATE_TIMEOUT, Drained
 from benchmarks.procs import BenchError, Process, wait_for
 from benchmarks.report import Json
 from benchmarks.server import StartGate, settle
 
-Peer = Literal["pgqueuer", "procrastinate"]
-PEERS: tuple[Peer, ...] = ("pgqueuer", "procrastinate")
+Peer = Literal["pgqueuer", "procrastinate", "graphile-worker"]
+PEERS: tuple[Peer, ...] = ("pgqueuer", "procrastinate", "graphile-worker")
 MODULES: dict[Peer, tuple[str, ...]] = {
     "pgqueuer": ("pgqueuer", "asyncpg"),
     "procrastinate": ("procrastinate",),
+    "graphile-worker": (),
 }
 CHUNK = 1000
 PGQUEUER_PROCS = 2
@@ -57,6 +60,8 @@ PROCRASTINATE_CONCURRENCY = 30
 
 def unavailable(peer: Peer) -> str | None:
     """Why `peer` cannot run here (None when it can)."""
+    if peer == graphile.NAME:
+        return graphile.unavailable()
     for module in MODULES[peer]:
         try:
             importlib.import_module(module)
@@ -66,6 +71,8 @@ def unavailable(peer: Peer) -> str | None:
 
 
 def version(peer: Peer) -> str:
+    if peer == graphile.NAME:
+        return graphile.version()
     try:
         return importlib.metadata.version(peer)
     except importlib.metadata.PackageNotFoundError:
@@ -276,7 +283,9 @@ async def _procrastinate_worker(dsn: str, concurrency: int) -> None:
 
 def install(peer: Peer, dsn: str) -> None:
     """Create the peer's schema in an empty database."""
-    if peer == "pgqueuer":
+    if peer == graphile.NAME:
+        graphile.install(dsn)
+    elif peer == "pgqueuer":
         _run(peer, lambda: _pgqueuer_install(dsn))
     else:
         _run(peer, lambda: _procrastinate_install(dsn))
@@ -291,6 +300,8 @@ def _reset(peer: Peer, dsn: str) -> None:
 
 def bulk_enqueue(peer: Peer, dsn: str, n: int) -> float:
     """Jobs/s of the peer's bulk enqueue, 1,000 jobs per call, into an empty queue."""
+    if peer == graphile.NAME:
+        return graphile.bulk_enqueue(dsn, n)
     _reset(peer, dsn)
     took: list[float] = []
 
@@ -326,6 +337,8 @@ def drain(
     each job awaits asyncio.sleep that long instead (the `io` group; pgqueuer only), and
     `max_tasks` caps each queue manager's jobs in flight (pgqueuer's max_concurrent_tasks;
     None: no cap, its default)."""
+    if peer == graphile.NAME:
+        return graphile.drain(dsn, n)
     _reset(peer, dsn)
     _run(peer, lambda: _fill(peer, dsn, n))
     table = "pgqueuer" if peer == "pgqueuer" else "procrastinate_jobs"
@@ -364,6 +377,8 @@ async def _fill(peer: Peer, dsn: str, n: int) -> None:
 
 
 def describe_workers(peer: Peer) -> str:
+    if peer == graphile.NAME:
+        return graphile.BEST.label()
     if peer == "pgqueuer":
         return (
             f"{PGQUEUER_PROCS} procs x {PGQUEUER_MANAGERS} queue managers, batch {PGQUEUER_BATCH}"
@@ -372,6 +387,8 @@ def describe_workers(peer: Peer) -> str:
 
 
 def config(peer: Peer) -> dict[str, Json]:
+    if peer == graphile.NAME:
+        return graphile.config()
     if peer == "pgqueuer":
         return {
             "driver": "asyncpg",
@@ -392,7 +409,7 @@ def config(peer: Peer) -> dict[str, Json]:
 def main(argv: Sequence[str] | None = None) -> int:
     """A peer worker process: drain the peer's queue, then exit 0."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.peers")
-    parser.add_argument("peer", choices=PEERS)
+    parser.add_argument("peer", choices=("pgqueuer", "procrastinate"))
     parser.add_argument("--dsn", required=True)
     parser.add_argument("--managers", type=int, default=PGQUEUER_MANAGERS)
     parser.add_argument("--batch-size", type=int, default=PGQUEUER_BATCH)

@@ -361,7 +361,7 @@ class Child:
             pass
         for msg in out:
             if isinstance(msg, Report):
-                self.jobs_done += len(msg.outcomes)
+                self.jobs_done += msg.jobs
             elif isinstance(msg, Ready):
                 self.on_ready()
             elif isinstance(msg, Retiring):

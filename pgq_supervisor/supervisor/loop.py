@@ -334,8 +334,8 @@ class Supervisor:
         for msg in child.receive():  # which updates the child's own state
             match msg:
                 case Report():
-                    self.metrics.record(msg.outcomes, msg.wake_latencies)
-                    self.services.activity.record(msg.outcomes)
+                    self.metrics.record(msg)
+                    self.services.activity.record(msg.ended)
                 case Idle():
                     # a claim found nothing: if a rate window held jobs back, learn when it
                     # frees a start (no-op without rated types)

@@ -6,23 +6,57 @@ them here, so no multiprocess metric files are needed.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import socket
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.exposition import generate_latest
+from prometheus_client.registry import Collector
 
 from pgq_supervisor import db
+from pgq_supervisor.ipc import DURATION_BUCKETS, Report
 from pgq_supervisor.jobs import JobState, TypeStats
 
 log = logging.getLogger(__name__)
 
-DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 1800)
 LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+
+
+class Durations(Collector):
+    """pgq_job_duration_seconds, the series a prometheus Histogram with DURATION_BUCKETS shows,
+    filled from the bucket counts the children report (ipc.Report), not one job at a time."""
+
+    NAME = "pgq_job_duration_seconds"
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # the metrics server's threads collect
+        self._by_type: dict[str, tuple[list[int], list[float]]] = {}
+
+    def add(self, type_: str, counts: Sequence[int], seconds: float) -> None:
+        with self._lock:
+            entry = self._by_type.get(type_)
+            if entry is None:
+                entry = self._by_type[type_] = ([0] * (len(DURATION_BUCKETS) + 1), [0.0])
+            for i, n in enumerate(counts):
+                entry[0][i] += n
+            entry[1][0] += seconds
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        family = HistogramMetricFamily(
+            self.NAME, "Handler run time of the attempts in pgq_jobs_total", labels=["type"]
+        )
+        bounds = [*(repr(float(b)) for b in DURATION_BUCKETS), "+Inf"]  # as Histogram spells them
+        with self._lock:
+            for type_, (counts, total) in sorted(self._by_type.items()):
+                cumulative = list(itertools.accumulate(counts))
+                family.add_metric([type_], list(zip(bounds, cumulative, strict=True)), total[0])
+        yield family
 
 
 class Metrics:
@@ -99,13 +133,8 @@ class Metrics:
             ["child"],
             registry=r,
         )
-        self.duration = Histogram(
-            "pgq_job_duration_seconds",
-            "Handler run time of the attempts in pgq_jobs_total",
-            ["type"],
-            buckets=DURATION_BUCKETS,
-            registry=r,
-        )
+        self.duration = Durations()
+        r.register(self.duration)
         self.wake_latency = Histogram(
             "pgq_wake_latency_seconds",
             "From the supervisor waking an idle child to the claim that found work",
@@ -132,24 +161,14 @@ class Metrics:
         self._known_types: set[str] = set()
         self._controlled: set[str] = set()
         self._limited: set[str] = set()
-        self._durations: dict[str, Histogram] = {}  # per type: labels() is not cheap
 
-    def record(
-        self, outcomes: Sequence[tuple[str, str, float]], latencies: Sequence[float]
-    ) -> None:
-        """The ended attempts a child reported, on the supervisor's hot path: one count per
-        (type, outcome) of the batch, and the labelled series looked up once per type
-        (`labels()` took most of the supervisor's CPU in a drain when called per job)."""
-        ended: dict[tuple[str, str], int] = {}
-        for type_, kind, seconds in outcomes:
-            ended[type_, kind] = ended.get((type_, kind), 0) + 1
-            duration = self._durations.get(type_)
-            if duration is None:
-                duration = self._durations[type_] = self.duration.labels(type_)
-            duration.observe(seconds)
-        for (type_, kind), n in ended.items():
+    def record(self, report: Report) -> None:
+        """What a child reported (summed there, see ipc.Report)."""
+        for type_, kind, n in report.ended:
             self.finished.labels(type_, kind).inc(n)
-        for seconds in latencies:
+        for type_, counts, seconds in report.durations:
+            self.duration.add(type_, counts, seconds)
+        for seconds in report.wake_latencies:
             self.wake_latency.observe(seconds)
 
     def record_pruned(self, succeeded: int, failed: int) -> None:

@@ -254,7 +254,7 @@ class BaseWorker:
         self.last_report = self.clock()
         if outcomes or latencies:
             self.pipe.send(
-                Report(tuple((o.job.type, o.kind, o.duration) for o in outcomes), tuple(latencies))
+                Report.of(((o.job.type, o.kind, o.duration) for o in outcomes), latencies)
             )
 
     def _retire_if_due(self) -> None:

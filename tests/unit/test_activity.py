@@ -13,8 +13,8 @@ def test_summary_counts_per_type_and_outcome_then_starts_over(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     summary = ActivitySummary(10.0, now=100.0)
-    summary.record([("email", "succeeded", 0.1)] * 30 + [("email", "retried", 0.2)])
-    summary.record([("resize", "failed", 1.0), ("email", "succeeded", 0.1)])
+    summary.record([("email", "succeeded", 30), ("email", "retried", 1)])
+    summary.record([("resize", "failed", 1), ("email", "succeeded", 1)])
     assert not summary.due(109.9) and summary.due(110.0)
     with caplog.at_level(logging.INFO, logger="pgq_supervisor.supervisor.maintenance.activity"):
         result = summary.run_once(110.0)

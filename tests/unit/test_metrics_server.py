@@ -9,11 +9,15 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 
 import pytest
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 from pgq_supervisor.db.rows import TypeControl, TypeLimit
-from pgq_supervisor.jobs import JobState, TypeStats
+from pgq_supervisor.ipc import DURATION_BUCKETS, Report
+from pgq_supervisor.jobs import JobState, OutcomeKind, TypeStats
 from pgq_supervisor.supervisor.metrics import Metrics, MetricsServer
 from tests.acceptance.scrape import metric, scrape
+
+S, F, R = OutcomeKind.SUCCEEDED, OutcomeKind.FAILED, OutcomeKind.RETRIED
 
 
 class Health:
@@ -66,7 +70,7 @@ def test_health_endpoints_follow_the_supervisor(server: MetricsServer, health: H
 
 
 def test_counters_and_histograms(server: MetricsServer, metrics: Metrics) -> None:
-    metrics.record([("a", "succeeded", 0.2), ("a", "failed", 0.1), ("b", "retried", 2.0)], [0.01])
+    metrics.record(Report.of([("a", S, 0.2), ("a", F, 0.1), ("b", R, 2.0)], [0.01]))
     metrics.record_pruned(succeeded=7, failed=2)
     s = scrape(server.port)
     assert metric(s, "pgq_jobs_total", type="a", outcome="succeeded") == 1
@@ -78,12 +82,38 @@ def test_counters_and_histograms(server: MetricsServer, metrics: Metrics) -> Non
     assert metric(s, "pgq_jobs_pruned_total", state="succeeded") == 7
     assert metric(s, "pgq_jobs_pruned_total", state="failed") == 2
     # a batch counts each (type, outcome) once, however many; the per-type series are kept
-    metrics.record([("a", "succeeded", 0.1)] * 100 + [("b", "retried", 1.0)] * 3, [])
+    metrics.record(Report.of([("a", S, 0.1)] * 100 + [("b", R, 1.0)] * 3, []))
     s = scrape(server.port)
     assert metric(s, "pgq_jobs_total", type="a", outcome="succeeded") == 101
     assert metric(s, "pgq_jobs_total", type="b", outcome="retried") == 4
     assert metric(s, "pgq_job_duration_seconds_count", type="a") == 102
     assert metric(s, "pgq_job_duration_seconds_sum", type="b") == 5.0
+
+
+def test_job_durations_read_as_a_prometheus_histogram_of_the_same_times(metrics: Metrics) -> None:
+    """The children send bucket counts (ipc.Report); the exposition is what a Histogram that
+    observed every job would show, bounds (a time equal to a bound included) and sum alike."""
+    times = [0.0, 0.001, 0.0011, 0.3, 1.0, 7.5, 1800.0, 5000.0]
+    metrics.record(Report.of([("a", S, t) for t in times[:5]], []))
+    metrics.record(Report.of([("a", F, t) for t in times[5:]], []))
+    reference = CollectorRegistry()
+    histogram = Histogram(
+        "pgq_job_duration_seconds", "Handler run time", ["type"],
+        buckets=DURATION_BUCKETS, registry=reference,
+    )  # fmt: skip
+    for t in times:
+        histogram.labels("a").observe(t)
+
+    def series(registry: CollectorRegistry) -> list[str]:
+        text = generate_latest(registry).decode()
+        return [
+            line for line in text.splitlines()
+            if line.startswith("pgq_job_duration_seconds_") and "_created" not in line
+        ]  # fmt: skip
+
+    ours = series(metrics.registry)
+    assert ours == series(reference)
+    assert 'pgq_job_duration_seconds_bucket{le="0.001",type="a"} 2.0' in ours
 
 
 def test_queue_gauges_reset_types_that_vanished(server: MetricsServer, metrics: Metrics) -> None:

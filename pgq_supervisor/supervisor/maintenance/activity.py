@@ -32,10 +32,10 @@ class ActivitySummary:
         self._since = now
         self._counts: Counter[tuple[str, str]] = Counter()
 
-    def record(self, outcomes: Iterable[tuple[str, str, float]]) -> None:
-        """Outcomes as children report them: (type, kind, seconds)."""
-        for type_, kind, _ in outcomes:
-            self._counts[(type_, kind)] += 1
+    def record(self, ended: Iterable[tuple[str, str, int]]) -> None:
+        """Attempts ended as children report them (ipc.Report.ended): (type, kind, count)."""
+        for type_, kind, n in ended:
+            self._counts[(type_, kind)] += n
 
     def due(self, now: float) -> bool:
         return now - self._since >= self.interval
