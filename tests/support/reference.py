@@ -146,12 +146,19 @@ def metrics_table() -> str:
     registry = Metrics().registry
     rows = ["| metric | type | labels | meaning |", "|---|---|---|---|"]
     for collector in registry._collector_to_names:
-        if not isinstance(collector, MetricWrapperBase):
-            continue
-        kind = collector._type
-        name = collector._name + ("_total" if kind == "counter" else "")
-        labels = ", ".join(f"`{label}`" for label in collector._labelnames)
-        rows.append(f"| `{name}` | {kind} | {labels} | {_cell(collector._documentation)} |")
+        if isinstance(collector, MetricWrapperBase):
+            kind, doc = collector._type, collector._documentation
+            name = collector._name + ("_total" if kind == "counter" else "")
+            names: tuple[str, ...] = collector._labelnames
+        else:  # a custom collector (e.g. the job durations the children report in buckets)
+            for family in collector.collect():
+                kind, doc, name = family.type, family.documentation, family.name
+                names = tuple(getattr(family, "_labelnames", ()))
+                break
+            else:
+                continue
+        labels = ", ".join(f"`{label}`" for label in names)
+        rows.append(f"| `{name}` | {kind} | {labels} | {_cell(doc)} |")
     return "\n".join(rows) + "\n"
 
 
