@@ -20,6 +20,7 @@ GROUPS = (
     "io",
     "wake",
     "kill",
+    "deadpod",
     "cancel",
     "memory",
     "deep",

@@ -97,6 +97,9 @@ from pgq_supervisor.db.schedules import (
 from pgq_supervisor.db.supervisors import (
     list_supervisors,
     register_supervisor,
+    rescue_orphans,
+    supervisors_gone,
+    take_supervisor_lock,
     unregister_supervisor,
 )
 from pgq_supervisor.db.watching import (
@@ -174,6 +177,7 @@ __all__ = [
     "register_supervisor",
     "release",
     "rescue",
+    "rescue_orphans",
     "reset",
     "resume",
     "retry_failed",
@@ -184,8 +188,10 @@ __all__ = [
     "succeed_and_claim",
     "succeed_async",
     "summary_by_origin",
+    "supervisors_gone",
     "sync_limits",
     "sync_rates",
+    "take_supervisor_lock",
     "throughput",
     "type_controls",
     "type_limits",

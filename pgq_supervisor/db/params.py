@@ -162,6 +162,16 @@ class RescueParams(TypedDict):
     error: str
 
 
+class GoneParams(TypedDict):
+    id: str  # the supervisor that looks
+    grace: float
+
+
+class OrphansParams(TypedDict):
+    ids: list[str]
+    error: str
+
+
 class TypesParams(TypedDict):
     types: list[str]
 
@@ -307,6 +317,7 @@ class SupervisorRegisterParams(TypedDict):
     types: list[str]
     started_at: datetime
     children: str
+    locked: bool  # it holds its session lock (schema/0017)
 
 
 class SupervisorIdParams(TypedDict):
@@ -396,6 +407,9 @@ PARAMS: dict[str, type] = {
     "type_limits": NoParams,
     "supervisor_register": SupervisorRegisterParams,
     "supervisor_unregister": SupervisorIdParams,
+    "supervisor_lock": SupervisorIdParams,
+    "supervisors_gone": GoneParams,
+    "rescue_orphans": OrphansParams,
     "supervisors_list": NoParams,
     "jobs_page": JobsPageParams,
     "job_dependencies": IdParams,

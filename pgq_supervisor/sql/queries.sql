@@ -677,12 +677,47 @@ WITH gone AS (
     WHERE seen_at < now() - interval '1 hour' AND id <> %(id)s
     RETURNING id
 )
-INSERT INTO {schema}.supervisor (id, host, pid, procs, types, started_at, seen_at, children)
+INSERT INTO {schema}.supervisor (id, host, pid, procs, types, started_at, seen_at, children,
+                                 locked)
 SELECT %(id)s, %(host)s, %(pid)s, %(procs)s, %(types)s::text[], %(started_at)s, now(),
-       %(children)s::jsonb
+       %(children)s::jsonb, %(locked)s
 WHERE (SELECT count(*) FROM gone) >= 0
 ON CONFLICT (id) DO UPDATE
-SET procs = excluded.procs, seen_at = excluded.seen_at, children = excluded.children
+SET procs = excluded.procs, seen_at = excluded.seen_at, children = excluded.children,
+    locked = excluded.locked
+
+-- name: supervisor_lock
+-- This supervisor's session-level lock (schema/0017), taken on its LISTEN connection; false if
+-- a session still holds it (the previous connection, not yet ended by the server).
+SELECT pg_try_advisory_lock({schema}.supervisor_lock_space(), hashtext(%(id)s))
+
+-- name: supervisors_gone
+-- The other supervisors that said they held their lock and whose lock nobody holds now: their
+-- process died (a server that started less than `grace` seconds ago freed every lock at once,
+-- and the living have not all taken theirs back yet: nobody is judged then).
+SELECT s.id FROM {schema}.supervisor s
+WHERE s.locked AND s.id <> %(id)s
+  AND pg_postmaster_start_time() < now() - make_interval(secs => %(grace)s)
+  AND {schema}.supervisor_gone(s.id)
+
+-- name: rescue_orphans
+-- The running jobs of supervisors `ids` end as worker deaths, if their locks are still free in
+-- this statement (one that took its lock back meanwhile keeps its jobs); their rows go, so the
+-- next look finds them no more. A job held by another transaction (its worker finishing it
+-- right now, or another rescuer) is skipped: the heartbeat timeout covers it.
+WITH gone AS (
+    DELETE FROM {schema}.supervisor s
+    WHERE s.id = ANY(%(ids)s::text[]) AND s.locked AND {schema}.supervisor_gone(s.id)
+    RETURNING s.id || ':' AS prefix
+)
+SELECT job_id, job_type, new_state, retry_count
+FROM {schema}.end_attempt(
+    ARRAY(SELECT j.id FROM {schema}.job j
+          WHERE j.state = 'running'
+            AND EXISTS (SELECT 1 FROM gone g WHERE starts_with(j.worker_id, g.prefix))
+          ORDER BY j.id
+          FOR UPDATE SKIP LOCKED),
+    NULL, NULL, %(error)s, NULL, 'rescued', true, 0)
 
 -- name: supervisor_unregister
 DELETE FROM {schema}.supervisor WHERE id = %(id)s

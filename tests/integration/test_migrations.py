@@ -115,6 +115,7 @@ SUPERVISOR_COLUMNS = {
     "started_at": ("timestamp with time zone", False),
     "seen_at": ("timestamp with time zone", False),
     "children": ("jsonb", False),
+    "locked": ("boolean", False),
 }
 INDEXES = {
     "job_pkey": "CREATE UNIQUE INDEX job_pkey ON {s}.job USING btree (id)",
@@ -294,6 +295,8 @@ TRIGGERS = {
 }
 FUNCTIONS = {
     "end_attempt",
+    "supervisor_lock_space",
+    "supervisor_gone",
     "release_jobs",
     "job_notify_inserted",
     "job_bundle_count",

@@ -9,6 +9,8 @@ they share.
                    after a child finds nothing       type frees a start (only with rates)      │
     rate-wake      once, when that start frees       wake one child (nothing notifies it) ◀───┘
     rescue         rescue_interval ± 20 %            Rescuer: reclaim jobs with stale heartbeats
+    orphans        0.5 s ± 20 %                      Rescuer: reclaim the jobs of supervisors
+                                                     whose session lock was freed (they died)
     queue-metrics  poll_interval ± 20 %              QueueMetrics: the pgq_jobs_* gauges (only
                                                      when metrics are served: metrics_port)
     prune          60 s; poll_interval while behind  Pruner: finished jobs past retention
@@ -39,7 +41,7 @@ from pgq_supervisor.errors import DatabaseError, DatabaseUnavailable
 from pgq_supervisor.periodic import Schedule
 from pgq_supervisor.settings import Settings
 from pgq_supervisor.supervisor.maintenance.activity import ActivitySummary
-from pgq_supervisor.supervisor.maintenance.rescuer import Rescuer
+from pgq_supervisor.supervisor.maintenance.rescuer import LOOK_EVERY, Rescuer
 from pgq_supervisor.supervisor.maintenance.retention import PRUNE_EVERY, Pruner
 from pgq_supervisor.supervisor.maintenance.scheduler import Scheduler
 from pgq_supervisor.supervisor.metrics import Metrics, QueueMetrics
@@ -218,9 +220,11 @@ def maintenance_timers(
     rng: random.Random,
     clock: Clock,
     rated: Sequence[str] = (),
+    me: str | None = None,
 ) -> Timers:
     """The supervisor's timers (see the module docstring). All but `activity` are due at once.
-    `rated`: the served types with a rate; without any, no rate timers."""
+    `rated`: the served types with a rate; without any, no rate timers. `me`: this
+    supervisor's registered id; without it, no look for supervisors that died."""
     poll = settings.poll_interval
     due_wake = Timer("due-wake", lambda now: wake(1), None, next_at=float("inf"))
     rate_wake = Timer("rate-wake", lambda now: wake(1), None, next_at=float("inf"))
@@ -240,6 +244,13 @@ def maintenance_timers(
     def rescue(now: float) -> None:
         rescued = control.run(services.rescuer.run_once)
         metrics.rescued.inc(len(rescued.ended))
+
+    def rescue_orphans(me: str) -> Callable[[float], None]:
+        def run(now: float) -> None:
+            rescued = control.run(lambda conn: services.rescuer.run_orphans(conn, me))
+            metrics.rescued.inc(len(rescued.ended))
+
+        return run
 
     def refresh(queue_metrics: QueueMetrics) -> Callable[[float], None]:
         def run(now: float) -> None:
@@ -273,6 +284,7 @@ def maintenance_timers(
         due_wake,
         *([Timer(RATE_DUE, rate_due, poll), rate_wake] if rated else []),
         Timer("rescue", rescue, settings.rescue_every),
+        *([Timer("orphans", rescue_orphans(me), LOOK_EVERY)] if me is not None else []),
     ]
     if services.queue_metrics is not None:
         timers.append(Timer("queue-metrics", refresh(services.queue_metrics), poll))

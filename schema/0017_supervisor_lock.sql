@@ -1,0 +1,31 @@
+-- pgq_supervisor schema, version 17: a dead supervisor's jobs come back in seconds.
+--
+-- Each supervisor holds a session-level advisory lock, keyed (supervisor_lock_space(),
+-- hashtext(its id)), on its LISTEN connection (the one connection that must be a real session,
+-- even behind PgBouncer), and says so in its row: `locked`. When its process dies, PostgreSQL
+-- ends the session and frees the lock at once; another supervisor that finds a `locked` row
+-- whose lock nobody holds reclaims the running jobs of that supervisor's children (their
+-- worker_id starts with its id and a colon) as worker deaths, without waiting for dead_after.
+-- A row written by a supervisor that holds no lock (an older version, or one whose LISTEN
+-- connection is down) has `locked` false and is left to the heartbeat timeout.
+ALTER TABLE supervisor ADD COLUMN locked boolean NOT NULL DEFAULT false;
+
+-- The first key of every supervisor lock of this schema. A hash collision with another
+-- supervisor's second key only makes a dead one look alive: its jobs wait for dead_after.
+CREATE FUNCTION supervisor_lock_space() RETURNS integer
+LANGUAGE sql STABLE SET search_path FROM CURRENT AS $$
+    SELECT hashtext('pgq_supervisor:' || current_schema())
+$$;
+
+-- Nobody holds the lock of supervisor p_id (in this database): its session is gone. Reads
+-- pg_locks, which every role may read; a handful of rows per look.
+CREATE FUNCTION supervisor_gone(p_id text) RETURNS boolean
+LANGUAGE sql STABLE SET search_path FROM CURRENT AS $$
+    SELECT NOT EXISTS (
+        SELECT 1 FROM pg_catalog.pg_locks l
+        WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+          AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
+                            WHERE d.datname = current_database())
+          AND l.classid = supervisor_lock_space()::oid
+          AND l.objid = hashtext(p_id)::oid)
+$$;

@@ -1,0 +1,108 @@
+"""A supervisor's session lock (schema/0017): when its session ends, another supervisor's
+rescuer takes back the running jobs of its children at once, without waiting for dead_after;
+while anyone holds the lock, or the row never said it held one, nothing is taken."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime
+
+import psycopg
+import pytest
+
+import pgq_supervisor as pgq
+from pgq_supervisor import db
+from pgq_supervisor.db import Conn
+from pgq_supervisor.jobs import JobId
+from pgq_supervisor.supervisor.maintenance.rescuer import Rescuer
+from tests.support.db import claim_one, get, raw_row
+from tests.support.waiting import wait_for
+
+S = "pgq"
+DEAD = "pod-a:1:0000aaaa"  # the supervisor that dies
+RESCUER = Rescuer(S, dead_after=30)
+
+
+def register(conn: Conn, id_: str, *, locked: bool) -> None:
+    db.register_supervisor(
+        conn, S, id=id_, host="pod", pid=1, procs=2, types=["t"],
+        started_at=datetime.now(UTC), children=[], locked=locked,
+    )  # fmt: skip
+
+
+def running_under(conn: Conn, worker_id: str) -> JobId:
+    job_id = pgq.enqueue(conn, "t")
+    assert claim_one(conn, "t", worker_id=worker_id).id == job_id
+    return job_id
+
+
+@pytest.fixture
+def session(dsn: str) -> Iterator[Conn]:
+    """The dead-to-be supervisor's LISTEN session, holding its lock."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        assert db.take_supervisor_lock(c, S, DEAD)
+        yield c
+
+
+def test_a_freed_lock_gives_back_the_running_jobs_of_that_supervisor_only(
+    conn: Conn, session: Conn
+) -> None:
+    register(conn, DEAD, locked=True)
+    register(conn, "pod-b:1:0000bbbb", locked=False)  # never said it held a lock
+    mine = [running_under(conn, f"{DEAD}:{i}:0000000{i}") for i in range(2)]
+    # a longer id that starts with the dead one's: another supervisor's child
+    other = running_under(conn, f"{DEAD}0:0:00000000")
+    pending = pgq.enqueue(conn, "t")
+    untouched = {i: raw_row(conn, i) for i in (other, pending)}
+
+    assert RESCUER.run_orphans(conn, me="pod-c:1:0000cccc").ended == ()  # held: alive
+    session.close()  # the process died: PostgreSQL ends its session, and frees the lock
+
+    ended = wait_for(
+        "the freed lock", lambda: RESCUER.run_orphans(conn, me="pod-c:1:0000cccc").ended
+    )
+    assert sorted((e.job_id, e.new_state, e.retry_count) for e in ended) == sorted(
+        (i, pgq.JobState.PENDING, 1) for i in mine
+    )
+    for job_id in mine:
+        job = get(conn, job_id)
+        assert job.state is pgq.JobState.PENDING and job.worker_id is None
+        last = job.attempts[-1]
+        assert isinstance(last, dict) and last["kind"] == "rescued"
+        assert last["error"] == "worker died: its supervisor's database session ended"
+    assert {i: raw_row(conn, i) for i in (other, pending)} == untouched
+    # its row went with its jobs; the one whose lock was never held stays
+    assert [s.id for s in db.list_supervisors(conn, S)] == ["pod-b:1:0000bbbb"]
+    assert RESCUER.run_orphans(conn, me="pod-c:1:0000cccc").ended == ()
+
+
+def test_a_row_without_the_lock_said_is_left_to_the_heartbeat_timeout(conn: Conn) -> None:
+    register(conn, DEAD, locked=False)  # an older version, or its LISTEN connection was down
+    job_id = running_under(conn, f"{DEAD}:0:00000000")
+    assert RESCUER.run_orphans(conn, me="pod-c:1:0000cccc").ended == ()
+    assert get(conn, job_id).state is pgq.JobState.RUNNING
+
+
+def test_a_lock_taken_back_by_a_new_session_keeps_the_jobs(conn: Conn, dsn: str) -> None:
+    register(conn, DEAD, locked=True)
+    job_id = running_under(conn, f"{DEAD}:0:00000000")
+    with psycopg.connect(dsn, autocommit=True) as reconnected:
+        assert db.take_supervisor_lock(reconnected, S, DEAD)
+        assert db.supervisors_gone(conn, S, me="x", grace=30) == []
+        # even when the look said gone, the rescue checks again in its own statement
+        assert db.rescue_orphans(conn, S, [DEAD]) == []
+    assert get(conn, job_id).state is pgq.JobState.RUNNING
+
+
+def test_nobody_is_judged_by_itself_or_soon_after_a_server_start(conn: Conn) -> None:
+    register(conn, DEAD, locked=True)  # and nobody holds its lock
+    assert db.supervisors_gone(conn, S, me=DEAD, grace=30) == []
+    # a server that started less than `grace` ago freed every lock at once
+    assert db.supervisors_gone(conn, S, me="x", grace=10 * 365 * 86400) == []
+    assert db.supervisors_gone(conn, S, me="x", grace=30) == [DEAD]
+
+
+def test_a_second_session_cannot_take_a_held_lock(session: Conn, dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as other:
+        assert not db.take_supervisor_lock(other, S, DEAD)
+        assert db.take_supervisor_lock(other, S, "pod-b:1:0000bbbb")
