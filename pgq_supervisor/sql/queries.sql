@@ -816,6 +816,64 @@ RETURNING id
 -- servers differ, e.g. on where "_" sorts). They run after schema_dump_search_path, so the
 -- pg_get_*def functions print the schema's own names unqualified, as the migrations write them.
 
+-- name: health_backends
+-- Sessions of this database (and walsenders, which have none) whose transaction has been open
+-- longer than `older_than` seconds and holds a snapshot or an xid: vacuum may not remove a row
+-- version they might still see, in the job table or any other. The longest open first.
+SELECT a.pid, coalesce(a.usename::text, '') AS user_name, a.application_name,
+       coalesce(a.state, '') AS state,
+       extract(epoch FROM now() - a.xact_start)::float8 AS transaction_age,
+       age(coalesce(a.backend_xmin, a.backend_xid))::int AS xmin_age,
+       left(coalesce(a.query, ''), 200) AS query
+FROM pg_catalog.pg_stat_activity a
+WHERE (a.backend_xmin IS NOT NULL OR a.backend_xid IS NOT NULL)
+  AND a.pid <> pg_backend_pid()
+  AND (a.datname = current_database() OR a.datname IS NULL)
+  AND a.xact_start < now() - make_interval(secs => %(older_than)s)
+ORDER BY a.xact_start
+LIMIT 10
+
+-- name: health_slots
+-- Every replication slot: one with an xmin holds the horizon of every database (a standby's
+-- hot_standby_feedback), a catalog_xmin that of the catalogs (logical decoding); an inactive
+-- one also keeps WAL from restart_lsn on (`retained_bytes`).
+SELECT s.slot_name::text AS name, s.slot_type AS slot_type, s.active,
+       age(s.xmin)::int AS xmin_age, age(s.catalog_xmin)::int AS catalog_xmin_age,
+       pg_wal_lsn_diff(CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn()
+                            ELSE pg_current_wal_lsn() END, s.restart_lsn)::float8
+           AS retained_bytes
+FROM pg_catalog.pg_replication_slots s
+ORDER BY s.slot_name
+
+-- name: health_prepared
+-- Prepared transactions (two-phase commit) never finished: each holds the horizon and its locks
+-- until someone runs COMMIT PREPARED or ROLLBACK PREPARED.
+SELECT p.gid, p.owner::text AS owner, p.database::text AS database,
+       extract(epoch FROM now() - p.prepared)::float8 AS age,
+       age(p.transaction)::int AS xmin_age
+FROM pg_catalog.pg_prepared_xacts p
+ORDER BY p.prepared
+
+-- name: health_table
+-- The job table's vacuum state: the statistics collector's counts (approximate), its size with
+-- indexes and TOAST, its last vacuum of each kind, and its own autovacuum options.
+SELECT s.n_live_tup::bigint AS live_tuples, s.n_dead_tup::bigint AS dead_tuples,
+       pg_total_relation_size(c.oid)::bigint AS total_bytes,
+       pg_relation_size(c.oid)::bigint AS table_bytes,
+       s.last_vacuum, s.last_autovacuum, s.autovacuum_count::bigint AS autovacuum_count,
+       coalesce(c.reloptions, ARRAY[]::text[]) AS options
+FROM pg_catalog.pg_class c
+JOIN pg_catalog.pg_stat_all_tables s ON s.relid = c.oid
+WHERE c.relname = 'job' AND c.relnamespace = %(schema)s::regnamespace
+
+-- name: health_settings
+-- The server's autovacuum settings, and the timeouts that end forgotten transactions.
+SELECT name, setting || coalesce(unit, '') AS value FROM pg_catalog.pg_settings
+WHERE name IN ('autovacuum', 'autovacuum_naptime', 'autovacuum_vacuum_scale_factor',
+               'autovacuum_vacuum_threshold', 'autovacuum_vacuum_cost_limit',
+               'autovacuum_vacuum_cost_delay', 'idle_in_transaction_session_timeout')
+ORDER BY name
+
 -- name: schema_dump_search_path
 SET LOCAL search_path TO {schema}, pg_catalog
 
