@@ -13,6 +13,8 @@ import pytest
 
 import pgq_supervisor as pgq
 from pgq_supervisor.db import Conn
+from pgq_supervisor.supervisor.maintenance.vacuum_health import VacuumHealth
+from pgq_supervisor.supervisor.metrics import Metrics
 from tests.support.db import flush_stats
 from tests.support.processes import run_cli
 from tests.support.waiting import wait_for
@@ -107,3 +109,36 @@ def test_a_bad_age_is_a_usage_error(dsn: str) -> None:
     result = run_cli(["doctor", "--max-transaction-age", "soon"], dsn)
     assert result.returncode == 2
     assert result.stderr.strip() == "error: invalid duration 'soon': use e.g. 30s, 15m, 2h, 7d"
+
+
+def test_the_supervisors_gauges_show_the_held_snapshot_and_the_dead_tuples(
+    conn: Conn, held: Conn
+) -> None:
+    metrics = Metrics()
+    gauges = VacuumHealth("pgq", metrics)
+    make_dead_tuples(conn)
+
+    def value(name: str) -> float:
+        got = metrics.registry.get_sample_value(name)
+        assert got is not None, name
+        return got
+
+    def aged() -> bool:
+        gauges.run_once(conn)
+        return value("pgq_vacuum_horizon_age_seconds") >= 1.0
+
+    wait_for("the held snapshot's age in the gauge", aged, timeout=30)
+    assert value("pgq_job_dead_tuples") == DEAD
+    assert value("pgq_job_table_bytes") > 0
+    server = {r[0]: r[1] for r in conn.execute("SELECT name, setting FROM pg_settings")}
+    # at the default age (5 min) the snapshot is not a finding yet; the table is
+    assert value("pgq_vacuum_findings") == 1 + (server["autovacuum"] == "off") + slots(conn)
+    held.rollback()
+    gauges.run_once(conn)
+    assert value("pgq_vacuum_horizon_age_seconds") == 0
+
+
+def slots(conn: Conn) -> int:
+    row = conn.execute("SELECT count(*) FROM pg_replication_slots WHERE NOT active").fetchone()
+    assert row is not None
+    return int(row[0])

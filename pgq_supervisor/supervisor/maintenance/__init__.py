@@ -13,6 +13,8 @@ they share.
                                                      whose session lock was freed (they died)
     queue-metrics  poll_interval ± 20 %              QueueMetrics: the pgq_jobs_* gauges (only
                                                      when metrics are served: metrics_port)
+    vacuum-health  30 s                              VacuumHealth: the pgq_vacuum_* gauges (only
+                                                     when metrics are served)
     prune          60 s; poll_interval while behind  Pruner: finished jobs past retention
     activity       summary_interval                  ActivitySummary: the INFO line of ended jobs
     periodic       at the next tick; poll_interval   Scheduler: enqueue the due ticks of the
@@ -44,6 +46,7 @@ from pgq_supervisor.supervisor.maintenance.activity import ActivitySummary
 from pgq_supervisor.supervisor.maintenance.rescuer import LOOK_EVERY, Rescuer
 from pgq_supervisor.supervisor.maintenance.retention import PRUNE_EVERY, Pruner
 from pgq_supervisor.supervisor.maintenance.scheduler import Scheduler
+from pgq_supervisor.supervisor.maintenance.vacuum_health import EVERY, VacuumHealth
 from pgq_supervisor.supervisor.metrics import Metrics, QueueMetrics
 
 log = logging.getLogger(__name__)
@@ -190,6 +193,7 @@ class Services:
     pruner: Pruner | None
     activity: ActivitySummary
     scheduler: Scheduler | None = None
+    vacuum: VacuumHealth | None = None
 
     @classmethod
     def from_settings(
@@ -205,6 +209,11 @@ class Services:
             pruner=Pruner.from_settings(settings),
             activity=ActivitySummary(settings.summary_interval, now),
             scheduler=Scheduler(settings.db_schema, schedules) if schedules else None,
+            vacuum=(
+                VacuumHealth(settings.db_schema, metrics)
+                if settings.metrics_port is not None
+                else None
+            ),
         )
 
 
@@ -252,9 +261,9 @@ def maintenance_timers(
 
         return run
 
-    def refresh(queue_metrics: QueueMetrics) -> Callable[[float], None]:
+    def refresh(gauges: QueueMetrics | VacuumHealth) -> Callable[[float], None]:
         def run(now: float) -> None:
-            control.run(queue_metrics.run_once)
+            control.run(gauges.run_once)
 
         return run
 
@@ -288,6 +297,8 @@ def maintenance_timers(
     ]
     if services.queue_metrics is not None:
         timers.append(Timer("queue-metrics", refresh(services.queue_metrics), poll))
+    if services.vacuum is not None:
+        timers.append(Timer("vacuum-health", refresh(services.vacuum), EVERY))
     if services.pruner is not None:
         timers.append(Timer("prune", prune(services.pruner), PRUNE_EVERY, jitter=0.0))
     if services.scheduler is not None:
