@@ -50,8 +50,10 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from pgq_supervisor import db
+from pgq_supervisor.db.health import read_health
 from pgq_supervisor.errors import JobNotFound, PgqError
 from pgq_supervisor.jobs import JobId, check_type_name
+from pgq_supervisor.vacuum import MAX_TRANSACTION_AGE, Finding, diagnose
 from pgq_supervisor.web import views
 
 Action = Literal["view", "retry", "cancel", "delete", "retry_failed", "pause", "resume"]
@@ -176,6 +178,10 @@ def create_app(
     return app
 
 
+def vacuum_findings(conn: db.Conn, schema: str) -> list[Finding]:
+    return diagnose(read_health(conn, schema, older_than=MAX_TRANSACTION_AGE), schema)
+
+
 class Refused(Exception):
     """A request answered 403 with this message."""
 
@@ -199,6 +205,8 @@ class _Dashboard:
 
     async def overview(self, request: Request) -> Response:
         data = await self._read(views.overview)
+        if request.headers.get("x-pgq-live") != "1":  # the banner is outside the live part
+            data = {**data, "vacuum_findings": await self._read(vacuum_findings)}
         return await self._page(request, "overview.html", data, live=True)
 
     async def jobs(self, request: Request) -> Response:

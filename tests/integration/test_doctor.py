@@ -10,11 +10,13 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
+from starlette.testclient import TestClient
 
 import pgq_supervisor as pgq
 from pgq_supervisor.db import Conn
 from pgq_supervisor.supervisor.maintenance.vacuum_health import VacuumHealth
 from pgq_supervisor.supervisor.metrics import Metrics
+from pgq_supervisor.web import create_app
 from tests.support.db import flush_stats
 from tests.support.processes import run_cli
 from tests.support.waiting import wait_for
@@ -142,3 +144,22 @@ def slots(conn: Conn) -> int:
     row = conn.execute("SELECT count(*) FROM pg_replication_slots WHERE NOT active").fetchone()
     assert row is not None
     return int(row[0])
+
+
+def test_the_dashboard_overview_shows_the_findings_as_a_banner(conn: Conn, dsn: str) -> None:
+    name = f"pgq_banner_{secrets.token_hex(4)}"
+    app = create_app(dsn, read_only=True)
+    with TestClient(app) as client:
+        assert f"'{name}'" not in client.get("/").text
+        conn.execute("SELECT pg_create_physical_replication_slot(%s, true)", (name,))
+        try:
+            page = client.get("/").text
+            assert 'aria-label="vacuum health"' in page
+            assert f"replication slot &#39;{name}&#39; (physical, inactive)" in page
+            assert f"pg_drop_replication_slot(&#39;{name}&#39;)" in page
+            # the live refresh renders the page's live part only: no banner, nothing read
+            live = client.get("/", headers={"x-pgq-live": "1"}).text
+            assert "vacuum health" not in live
+        finally:
+            conn.execute("SELECT pg_drop_replication_slot(%s)", (name,))
+    app.state.pgq_close()
