@@ -120,6 +120,7 @@ class SucceedParams(TypedDict):
     ids: list[JobId]
     results: list[str | None]
     done_lease: LeaseToken
+    ephemeral: list[JobId]  # those of `ids` to delete rather than mark succeeded
 
 
 class SucceedAndClaimParams(SucceedParams, ClaimParams):

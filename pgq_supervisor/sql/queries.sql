@@ -158,6 +158,11 @@ FOR NO KEY UPDATE
 -- and two batches completing dependencies of the same jobs could deadlock. A probe of the
 -- (usually empty) job_dependency index per job; the jobs found are read by primary key
 -- (`= ANY(ARRAY(...))`, not a join, which the planner may hash over the whole table).
+-- `gone`: the jobs of ephemeral types (Registry.handler(ephemeral=True)) are deleted instead,
+-- fenced the same way, unless one is in a bundle (its on_complete would never fire if the
+-- bundle emptied) or has dependents (they read its result, and deleting a job that is still
+-- running dooms them: schema/0005): those succeed as usual, and retention deletes them later.
+-- `updated` leaves the deleted ones alone; `done` is both.
 WITH waiting AS (
     SELECT w.id FROM {schema}.job w
     WHERE w.id = ANY(ARRAY(SELECT e.job_id FROM {schema}.job_dependency e
@@ -166,14 +171,24 @@ WITH waiting AS (
     ORDER BY w.id
     FOR NO KEY UPDATE
 ),
-done AS (
+gone AS (
+    DELETE FROM {schema}.job j
+    WHERE j.id = ANY(%(ephemeral)s::uuid[]) AND j.state = 'running' AND j.lease = %(done_lease)s
+      AND j.bundle_id IS NULL AND NOT j.has_dependents
+    RETURNING j.id
+),
+updated AS (
     UPDATE {schema}.job j
     SET state = 'succeeded', stopped_at = now(), worker_alive_at = NULL, lease = NULL,
         result = r.result, updated_at = now()
     FROM unnest(%(ids)s::uuid[], %(results)s::jsonb[]) AS r(id, result)
     WHERE j.id = r.id AND j.state = 'running' AND j.lease = %(done_lease)s
+      AND j.id <> ALL(ARRAY(SELECT g.id FROM gone g))
       AND (SELECT count(*) FROM waiting) >= 0
     RETURNING j.id
+),
+done AS (
+    SELECT u.id FROM updated u UNION ALL SELECT g.id FROM gone g
 ),
 sent AS (
     SELECT count(pg_notify('pgq_job_stopped', c.ids)) AS n
@@ -204,14 +219,24 @@ WITH waiting AS (
     ORDER BY w.id
     FOR NO KEY UPDATE
 ),
-done AS (
+gone AS (
+    DELETE FROM {schema}.job j
+    WHERE j.id = ANY(%(ephemeral)s::uuid[]) AND j.state = 'running' AND j.lease = %(done_lease)s
+      AND j.bundle_id IS NULL AND NOT j.has_dependents
+    RETURNING j.id
+),
+updated AS (
     UPDATE {schema}.job j
     SET state = 'succeeded', stopped_at = now(), worker_alive_at = NULL, lease = NULL,
         result = r.result, updated_at = now()
     FROM unnest(%(ids)s::uuid[], %(results)s::jsonb[]) AS r(id, result)
     WHERE j.id = r.id AND j.state = 'running' AND j.lease = %(done_lease)s
+      AND j.id <> ALL(ARRAY(SELECT g.id FROM gone g))
       AND (SELECT count(*) FROM waiting) >= 0
     RETURNING j.id
+),
+done AS (
+    SELECT u.id FROM updated u UNION ALL SELECT g.id FROM gone g
 ),
 sent AS (
     SELECT count(pg_notify('pgq_job_stopped', c.ids)) AS n

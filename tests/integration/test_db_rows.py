@@ -113,6 +113,13 @@ def _sample_params(conn: Conn) -> dict[str, dict[str, object]]:
         conn, SCHEMA, id="h:1:0", host="h", pid=1, procs=1, types=["t"],
         started_at=db.db_now(conn, SCHEMA), children=[],
     )  # fmt: skip
+    # a supervisor that said it held its lock, which nobody holds, and its child's job
+    db.register_supervisor(
+        conn, SCHEMA, id="g:1:0", host="g", pid=1, procs=1, types=["orphan"],
+        started_at=db.db_now(conn, SCHEMA), children=[], locked=True,
+    )  # fmt: skip
+    pgq.enqueue(conn, "orphan", {})
+    claim(conn, ["orphan"], worker_id="g:1:0:0:0")
     return {
         "claim": {**claim_args, "lease": uuid.uuid4()},
         "succeed_and_claim": {
@@ -121,6 +128,7 @@ def _sample_params(conn: Conn) -> dict[str, dict[str, object]]:
             "ids": [running[0].id],
             "results": [None],
             "done_lease": running[0].lease,
+            "ephemeral": [],
         },
         "get_job": {"id": ids[0]},
         "get_jobs": {"ids": ids},
@@ -145,6 +153,7 @@ def _sample_params(conn: Conn) -> dict[str, dict[str, object]]:
             "delay": 0.0,
         },
         "rescue": {"dead_after": -1.0, "limit": 10, "error": "x"},
+        "rescue_orphans": {"ids": ["g:1:0"], "error": "x"},
         "queue_stats": {},
         "active_stats": {},
         "summary_by_origin": {"origin": "o"},
