@@ -26,7 +26,9 @@ ORPHAN_ERROR = "worker died: its supervisor's database session ended"
 
 
 def locked(conn: psycopg.Connection[tuple[object, ...]]) -> int:
-    row = conn.execute(f"SELECT count(*) FROM {SCHEMA}.supervisor WHERE locked").fetchone()
+    row = conn.execute(
+        f"SELECT count(*) FROM {SCHEMA}.supervisor WHERE locked_on IS NOT NULL"
+    ).fetchone()
     return int(str(row[0])) if row is not None else 0
 
 

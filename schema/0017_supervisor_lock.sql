@@ -2,13 +2,24 @@
 --
 -- Each supervisor holds a session-level advisory lock, keyed (supervisor_lock_space(),
 -- hashtext(its id)), on its LISTEN connection (the one connection that must be a real session,
--- even behind PgBouncer), and says so in its row: `locked`. When its process dies, PostgreSQL
--- ends the session and frees the lock at once; another supervisor that finds a `locked` row
--- whose lock nobody holds reclaims the running jobs of that supervisor's children (their
--- worker_id starts with its id and a colon) as worker deaths, without waiting for dead_after.
--- A row written by a supervisor that holds no lock (an older version, or one whose LISTEN
--- connection is down) has `locked` false and is left to the heartbeat timeout.
-ALTER TABLE supervisor ADD COLUMN locked boolean NOT NULL DEFAULT false;
+-- even behind PgBouncer), and says so in its row: `locked_on`, the server_epoch() of the server
+-- that granted it. When its process dies, PostgreSQL ends the session and frees the lock at
+-- once; another supervisor that finds a row locked on the server it is talking to now, whose
+-- lock nobody holds, reclaims the running jobs of that supervisor's children (their worker_id
+-- starts with its id and a colon) as worker deaths, without waiting for dead_after.
+-- locked_on NULL (an older version, or a supervisor whose LISTEN connection is down) and a
+-- row locked on another epoch (written before a restart or a failover freed every lock, until
+-- its supervisor takes its lock again and says so) are left to the heartbeat timeout.
+ALTER TABLE supervisor ADD COLUMN locked_on text;
+
+-- This server's life: its postmaster's start and its WAL timeline (a promoted standby has a
+-- new one). Every lock was freed when it last changed. A primary's only (it reads the WAL
+-- insert position).
+CREATE FUNCTION server_epoch() RETURNS text
+LANGUAGE sql STABLE SET search_path FROM CURRENT AS $$
+    SELECT pg_postmaster_start_time()::text || ' timeline '
+           || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)
+$$;
 
 -- The first key of every supervisor lock of this schema. A hash collision with another
 -- supervisor's second key only makes a dead one look alive: its jobs wait for dead_after.

@@ -122,7 +122,7 @@ CREATE TABLE supervisor (
     started_at timestamp with time zone NOT NULL,
     seen_at    timestamp with time zone DEFAULT now() NOT NULL,
     children   jsonb DEFAULT '[]'::jsonb NOT NULL,
-    locked     boolean DEFAULT false NOT NULL,
+    locked_on  text,
     CONSTRAINT supervisor_pkey PRIMARY KEY (id)
 );
 
@@ -1067,6 +1067,16 @@ BEGIN
     END LOOP;
     PERFORM pg_notify('pgq_job_available', t.type) FROM (SELECT DISTINCT unnest(ready) AS type) t;
 END $function$;
+
+CREATE OR REPLACE FUNCTION server_epoch()
+ RETURNS text
+ LANGUAGE sql
+ STABLE
+ SET search_path FROM CURRENT
+AS $function$
+    SELECT pg_postmaster_start_time()::text || ' timeline '
+           || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)
+$function$;
 
 CREATE OR REPLACE FUNCTION supervisor_gone(p_id text)
  RETURNS boolean

@@ -163,11 +163,6 @@ class RescueParams(TypedDict):
     error: str
 
 
-class GoneParams(TypedDict):
-    id: str  # the supervisor that looks
-    grace: float
-
-
 class OrphansParams(TypedDict):
     ids: list[str]
     error: str
@@ -318,7 +313,7 @@ class SupervisorRegisterParams(TypedDict):
     types: list[str]
     started_at: datetime
     children: str
-    locked: bool  # it holds its session lock (schema/0017)
+    locked_on: str | None  # the server epoch it holds its session lock in (schema/0017)
 
 
 class SupervisorIdParams(TypedDict):
@@ -409,7 +404,7 @@ PARAMS: dict[str, type] = {
     "supervisor_register": SupervisorRegisterParams,
     "supervisor_unregister": SupervisorIdParams,
     "supervisor_lock": SupervisorIdParams,
-    "supervisors_gone": GoneParams,
+    "supervisors_gone": SupervisorIdParams,
     "rescue_orphans": OrphansParams,
     "supervisors_list": NoParams,
     "jobs_page": JobsPageParams,

@@ -11,7 +11,6 @@ from psycopg.rows import scalar_row
 from pgq_supervisor.db import rows
 from pgq_supervisor.db.connection import Conn, cursor, statement, wrapped
 from pgq_supervisor.db.params import (
-    GoneParams,
     OrphansParams,
     SupervisorIdParams,
     SupervisorRegisterParams,
@@ -31,10 +30,11 @@ def register_supervisor(
     types: Sequence[str],
     started_at: datetime,
     children: list[JsonValue],
-    locked: bool = False,
+    locked_on: str | None = None,
 ) -> None:
-    """Insert or refresh this supervisor's row (and drop rows unseen for an hour). `locked`:
-    it holds its session lock (take_supervisor_lock), so its death can be told at once."""
+    """Insert or refresh this supervisor's row (and drop rows unseen for an hour). `locked_on`:
+    the server epoch in which it holds its session lock (take_supervisor_lock), so its death
+    can be told at once; None if it holds none."""
     params: SupervisorRegisterParams = {
         "id": id,
         "host": host,
@@ -43,7 +43,7 @@ def register_supervisor(
         "types": list(types),
         "started_at": started_at,
         "children": dump_json(children, "children"),
-        "locked": locked,
+        "locked_on": locked_on,
     }
     with wrapped():
         conn.execute(statement("supervisor_register", schema), params)
@@ -60,18 +60,18 @@ def list_supervisors(conn: Conn, schema: str) -> list[rows.SupervisorRecord]:
         return cur.execute(statement("supervisors_list", schema)).fetchall()
 
 
-def take_supervisor_lock(conn: Conn, schema: str, id: str) -> bool:
+def take_supervisor_lock(conn: Conn, schema: str, id: str) -> str | None:
     """Take supervisor `id`'s session-level lock on `conn` (schema/0017): held until the
-    session ends. False if another session holds it."""
+    session ends. Returns the server's epoch, None if another session holds the lock."""
     params: SupervisorIdParams = {"id": id}
     with wrapped(), cursor(conn, scalar_row) as cur:
-        taken = cur.execute(statement("supervisor_lock", schema), params).fetchone()
-    return bool(taken)
+        epoch = cur.execute(statement("supervisor_lock", schema), params).fetchone()
+    return None if epoch is None else str(epoch)
 
 
-def supervisors_gone(conn: Conn, schema: str, *, me: str, grace: float) -> list[str]:
+def supervisors_gone(conn: Conn, schema: str, *, me: str) -> list[str]:
     """The ids of the other supervisors whose session lock was freed (see queries.sql)."""
-    params: GoneParams = {"id": me, "grace": grace}
+    params: SupervisorIdParams = {"id": me}
     with wrapped(), cursor(conn, scalar_row) as cur:
         return [str(i) for i in cur.execute(statement("supervisors_gone", schema), params)]
 

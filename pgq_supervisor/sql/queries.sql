@@ -703,26 +703,28 @@ WITH gone AS (
     RETURNING id
 )
 INSERT INTO {schema}.supervisor (id, host, pid, procs, types, started_at, seen_at, children,
-                                 locked)
+                                 locked_on)
 SELECT %(id)s, %(host)s, %(pid)s, %(procs)s, %(types)s::text[], %(started_at)s, now(),
-       %(children)s::jsonb, %(locked)s
+       %(children)s::jsonb, %(locked_on)s
 WHERE (SELECT count(*) FROM gone) >= 0
 ON CONFLICT (id) DO UPDATE
 SET procs = excluded.procs, seen_at = excluded.seen_at, children = excluded.children,
-    locked = excluded.locked
+    locked_on = excluded.locked_on
 
 -- name: supervisor_lock
--- This supervisor's session-level lock (schema/0017), taken on its LISTEN connection; false if
--- a session still holds it (the previous connection, not yet ended by the server).
-SELECT pg_try_advisory_lock({schema}.supervisor_lock_space(), hashtext(%(id)s))
+-- This supervisor's session-level lock (schema/0017), taken on its LISTEN connection: the
+-- server's epoch if taken, NULL if a session still holds it (the previous connection, not yet
+-- ended by the server).
+SELECT CASE WHEN pg_try_advisory_lock({schema}.supervisor_lock_space(), hashtext(%(id)s))
+            THEN {schema}.server_epoch() END
 
 -- name: supervisors_gone
--- The other supervisors that said they held their lock and whose lock nobody holds now: their
--- process died (a server that started less than `grace` seconds ago freed every lock at once,
--- and the living have not all taken theirs back yet: nobody is judged then).
+-- The other supervisors that said they held their lock on this server, in its present epoch,
+-- and whose lock nobody holds now: their process died. (A restart or a failover freed every
+-- lock at once: a row written before it names another epoch until its supervisor, if alive,
+-- takes its lock again and says so.)
 SELECT s.id FROM {schema}.supervisor s
-WHERE s.locked AND s.id <> %(id)s
-  AND pg_postmaster_start_time() < now() - make_interval(secs => %(grace)s)
+WHERE s.locked_on = {schema}.server_epoch() AND s.id <> %(id)s
   AND {schema}.supervisor_gone(s.id)
 
 -- name: rescue_orphans
@@ -732,7 +734,8 @@ WHERE s.locked AND s.id <> %(id)s
 -- right now, or another rescuer) is skipped: the heartbeat timeout covers it.
 WITH gone AS (
     DELETE FROM {schema}.supervisor s
-    WHERE s.id = ANY(%(ids)s::text[]) AND s.locked AND {schema}.supervisor_gone(s.id)
+    WHERE s.id = ANY(%(ids)s::text[]) AND s.locked_on = {schema}.server_epoch()
+      AND {schema}.supervisor_gone(s.id)
     RETURNING s.id || ':' AS prefix
 )
 SELECT job_id, job_type, new_state, retry_count

@@ -56,7 +56,7 @@ class Listener:
         self._clock = clock
         self.backoff = Backoff(initial=0.25, maximum=5.0, clock=clock, rng=rng)
         self._lock = lock
-        self.locked = False  # this session holds the lock
+        self.locked_on: str | None = None  # the server epoch this session holds the lock in
         self._lock_tried_at = -float("inf")
 
     @property
@@ -96,7 +96,7 @@ class Listener:
     def hold_lock(self) -> None:
         """Take the session lock if it is wanted and not held yet, at most once a second: the
         session of a connection that broke may still hold it until the server notices."""
-        if self._lock is None or self.locked or self._conn is None or self._conn.closed:
+        if self._lock is None or self.locked_on or self._conn is None or self._conn.closed:
             return
         now = self._clock()
         if now - self._lock_tried_at < LOCK_RETRY:
@@ -104,12 +104,12 @@ class Listener:
         self._lock_tried_at = now
         schema, id_ = self._lock
         try:
-            self.locked = db.take_supervisor_lock(self._conn, schema, id_)
+            self.locked_on = db.take_supervisor_lock(self._conn, schema, id_)
         except DatabaseError as exc:
             log.warning("LISTEN connection lost taking the supervisor lock: %s", exc)
             self.close()
             return
-        if not self.locked:
+        if self.locked_on is None:
             log.warning("supervisor lock still held by an earlier session; trying again")
 
     def stop_listening(self) -> None:
@@ -145,4 +145,4 @@ class Listener:
         if self._conn is not None:
             self._conn.close()
         self._conn = None
-        self.locked = False
+        self.locked_on = None

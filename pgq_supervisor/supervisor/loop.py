@@ -425,8 +425,8 @@ class Supervisor:
             log.warning("could not settle jobs of dead child %d: %s", child.spec.index, exc)
 
     def _register(self, now: float) -> None:
-        locked = self.listener.locked
-        self.registration.register(self.target, self.types, self.children, locked=locked)
+        locked_on = self.listener.locked_on
+        self.registration.register(self.target, self.types, self.children, locked_on=locked_on)
 
     # ---- health ----
 

@@ -61,6 +61,6 @@ def test_a_killed_pods_jobs_run_again_elsewhere_within_seconds(
 
 
 def count_locked(db: Conn) -> int:
-    row = db.execute("SELECT count(*) FROM pgq.supervisor WHERE locked").fetchone()
+    row = db.execute("SELECT count(*) FROM pgq.supervisor WHERE locked_on IS NOT NULL").fetchone()
     assert row is not None and isinstance(row[0], int)
     return row[0]

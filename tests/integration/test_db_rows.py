@@ -95,6 +95,12 @@ def _dependent(conn: Conn) -> object:
     return row[0]
 
 
+def _epoch(conn: Conn) -> str:
+    row = conn.execute("SELECT pgq.server_epoch()").fetchone()
+    assert row is not None
+    return str(row[0])
+
+
 def _sample_params(conn: Conn) -> dict[str, dict[str, object]]:
     """Parameters that make each row-returning statement return at least one row."""
     ids = [pgq.enqueue(conn, "t", {"n": i}, unique_key=f"u{i}", origin="o") for i in range(3)]
@@ -116,7 +122,7 @@ def _sample_params(conn: Conn) -> dict[str, dict[str, object]]:
     # a supervisor that said it held its lock, which nobody holds, and its child's job
     db.register_supervisor(
         conn, SCHEMA, id="g:1:0", host="g", pid=1, procs=1, types=["orphan"],
-        started_at=db.db_now(conn, SCHEMA), children=[], locked=True,
+        started_at=db.db_now(conn, SCHEMA), children=[], locked_on=_epoch(conn),
     )  # fmt: skip
     pgq.enqueue(conn, "orphan", {})
     claim(conn, ["orphan"], worker_id="g:1:0:0:0")

@@ -23,11 +23,17 @@ DEAD = "pod-a:1:0000aaaa"  # the supervisor that dies
 RESCUER = Rescuer(S, dead_after=30)
 
 
-def register(conn: Conn, id_: str, *, locked: bool) -> None:
+def register(conn: Conn, id_: str, *, locked_on: str | None) -> None:
     db.register_supervisor(
         conn, S, id=id_, host="pod", pid=1, procs=2, types=["t"],
-        started_at=datetime.now(UTC), children=[], locked=locked,
+        started_at=datetime.now(UTC), children=[], locked_on=locked_on,
     )  # fmt: skip
+
+
+def epoch(conn: Conn) -> str:
+    row = conn.execute("SELECT pgq.server_epoch()").fetchone()
+    assert row is not None and isinstance(row[0], str)
+    return row[0]
 
 
 def running_under(conn: Conn, worker_id: str) -> JobId:
@@ -40,15 +46,15 @@ def running_under(conn: Conn, worker_id: str) -> JobId:
 def session(dsn: str) -> Iterator[Conn]:
     """The dead-to-be supervisor's LISTEN session, holding its lock."""
     with psycopg.connect(dsn, autocommit=True) as c:
-        assert db.take_supervisor_lock(c, S, DEAD)
+        assert db.take_supervisor_lock(c, S, DEAD) == epoch(c)
         yield c
 
 
 def test_a_freed_lock_gives_back_the_running_jobs_of_that_supervisor_only(
     conn: Conn, session: Conn
 ) -> None:
-    register(conn, DEAD, locked=True)
-    register(conn, "pod-b:1:0000bbbb", locked=False)  # never said it held a lock
+    register(conn, DEAD, locked_on=epoch(conn))
+    register(conn, "pod-b:1:0000bbbb", locked_on=None)  # never said it held a lock
     mine = [running_under(conn, f"{DEAD}:{i}:0000000{i}") for i in range(2)]
     # a longer id that starts with the dead one's: another supervisor's child
     other = running_under(conn, f"{DEAD}0:0:00000000")
@@ -76,33 +82,36 @@ def test_a_freed_lock_gives_back_the_running_jobs_of_that_supervisor_only(
     assert RESCUER.run_orphans(conn, me="pod-c:1:0000cccc").ended == ()
 
 
-def test_a_row_without_the_lock_said_is_left_to_the_heartbeat_timeout(conn: Conn) -> None:
-    register(conn, DEAD, locked=False)  # an older version, or its LISTEN connection was down
+def test_a_row_without_a_lock_in_this_epoch_is_left_to_the_heartbeat_timeout(
+    conn: Conn,
+) -> None:
     job_id = running_under(conn, f"{DEAD}:0:00000000")
+    register(conn, DEAD, locked_on=None)  # an older version, or its LISTEN connection was down
+    assert RESCUER.run_orphans(conn, me="pod-c:1:0000cccc").ended == ()
+    # locked before a restart or a failover freed every lock: until it says it holds it again
+    register(conn, DEAD, locked_on="2026-01-01 00:00:00+00 timeline 00000001")
     assert RESCUER.run_orphans(conn, me="pod-c:1:0000cccc").ended == ()
     assert get(conn, job_id).state is pgq.JobState.RUNNING
 
 
 def test_a_lock_taken_back_by_a_new_session_keeps_the_jobs(conn: Conn, dsn: str) -> None:
-    register(conn, DEAD, locked=True)
+    register(conn, DEAD, locked_on=epoch(conn))
     job_id = running_under(conn, f"{DEAD}:0:00000000")
     with psycopg.connect(dsn, autocommit=True) as reconnected:
         assert db.take_supervisor_lock(reconnected, S, DEAD)
-        assert db.supervisors_gone(conn, S, me="x", grace=30) == []
+        assert db.supervisors_gone(conn, S, me="x") == []
         # even when the look said gone, the rescue checks again in its own statement
         assert db.rescue_orphans(conn, S, [DEAD]) == []
     assert get(conn, job_id).state is pgq.JobState.RUNNING
 
 
-def test_nobody_is_judged_by_itself_or_soon_after_a_server_start(conn: Conn) -> None:
-    register(conn, DEAD, locked=True)  # and nobody holds its lock
-    assert db.supervisors_gone(conn, S, me=DEAD, grace=30) == []
-    # a server that started less than `grace` ago freed every lock at once
-    assert db.supervisors_gone(conn, S, me="x", grace=10 * 365 * 86400) == []
-    assert db.supervisors_gone(conn, S, me="x", grace=30) == [DEAD]
+def test_nobody_judges_itself(conn: Conn) -> None:
+    register(conn, DEAD, locked_on=epoch(conn))  # and nobody holds its lock
+    assert db.supervisors_gone(conn, S, me=DEAD) == []
+    assert db.supervisors_gone(conn, S, me="x") == [DEAD]
 
 
 def test_a_second_session_cannot_take_a_held_lock(session: Conn, dsn: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as other:
-        assert not db.take_supervisor_lock(other, S, DEAD)
+        assert db.take_supervisor_lock(other, S, DEAD) is None
         assert db.take_supervisor_lock(other, S, "pod-b:1:0000bbbb")

@@ -35,15 +35,15 @@ class Registration:
         types: Sequence[str],
         children: Mapping[int, Child],
         *,
-        locked: bool = False,
+        locked_on: str | None = None,
     ) -> None:
-        """Upsert the row, with what each child's describe() says; `locked`: this supervisor
-        holds its session lock (schema/0017). Raises DatabaseError."""
+        """Upsert the row, with what each child's describe() says; `locked_on`: the server
+        epoch this supervisor holds its session lock in (schema/0017). Raises DatabaseError."""
         described: list[JsonValue] = [c.describe() for _, c in sorted(children.items())]
         self.control.run(
             lambda conn: db.register_supervisor(
                 conn, self.schema, id=self.id, host=self.host, pid=os.getpid(), procs=procs,
-                types=types, started_at=self.started_at, children=described, locked=locked,
+                types=types, started_at=self.started_at, children=described, locked_on=locked_on,
             )
         )  # fmt: skip
 

@@ -49,9 +49,8 @@ class Rescuer:
 
     def run_orphans(self, conn: db.Conn, me: str) -> RescueResult:
         """Reclaim the running jobs of the other supervisors whose lock is free, on an
-        autocommit connection; `me`: this supervisor's id. Within `dead_after` of a server
-        start nobody is judged (every lock was freed at once). Raises DatabaseError."""
-        gone = db.supervisors_gone(conn, self.schema, me=me, grace=self.dead_after)
+        autocommit connection; `me`: this supervisor's id. Raises DatabaseError."""
+        gone = db.supervisors_gone(conn, self.schema, me=me)
         if not gone:
             return RescueResult(())
         ended = db.rescue_orphans(conn, self.schema, gone)
