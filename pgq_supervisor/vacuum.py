@@ -45,9 +45,8 @@ def diagnose(health: Health, schema: str, *, max_age: float = MAX_TRANSACTION_AG
                 f"the job table has {table.dead_tuples:,} dead row versions"
                 f" ({table.live_tuples:,} live, {mib(table.total_bytes)} with its indexes),"
                 f" last vacuumed {_when(table)}",
-                f"VACUUM (VERBOSE) {schema}.job{held}; for a busy queue, ALTER TABLE"
-                f" {schema}.job SET (autovacuum_vacuum_scale_factor = 0.01,"
-                " autovacuum_vacuum_cost_delay = 0)",
+                f"VACUUM (VERBOSE) {schema}.job{held}; if autovacuum falls behind again,"
+                f" ALTER TABLE {schema}.job SET (autovacuum_vacuum_cost_delay = 0)",
             )
         )
     return found
