@@ -46,8 +46,9 @@ def test_a_multi_host_dsn_follows_a_promoted_standby(sups: list[Supervisor]) -> 
                 # synchronous: a commit the primary acknowledged is on the standby too
                 conn.execute("ALTER SYSTEM SET synchronous_standby_names = '*'")
                 conn.execute("SELECT pg_reload_conf()")
+            # the standby first: read-write is what makes libpq pass it over while it is one
             both = (
-                f"host=127.0.0.1,127.0.0.1 port={primary.port},{standby.port} user=postgres"
+                f"host=127.0.0.1,127.0.0.1 port={standby.port},{primary.port} user=postgres"
                 " dbname=postgres target_session_attrs=read-write connect_timeout=2"
             )
             ids = enqueue(both, BEFORE, 0)
