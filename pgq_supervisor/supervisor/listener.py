@@ -101,16 +101,20 @@ class Listener:
         now = self._clock()
         if now - self._lock_tried_at < LOCK_RETRY:
             return
+        first = self._lock_tried_at == -float("inf")
         self._lock_tried_at = now
         schema, id_ = self._lock
         try:
             self.locked_on = db.take_supervisor_lock(self._conn, schema, id_)
         except DatabaseError as exc:
-            log.warning("LISTEN connection lost taking the supervisor lock: %s", exc)
-            self.close()
+            # not closed here: the supervisor's selector watches this socket, and a broken
+            # one shows up there as readable (read() then closes it and the loop unregisters it)
+            log.warning("could not take the supervisor lock: %s", exc)
             return
-        if self.locked_on is None:
-            log.warning("supervisor lock still held by an earlier session; trying again")
+        if self.locked_on is None and first:
+            # until it is free this supervisor's row says it holds no lock: its jobs are left
+            # to the heartbeat timeout, as before the lock existed
+            log.warning("supervisor lock still held by an earlier session; trying each second")
 
     def stop_listening(self) -> None:
         """UNLISTEN but keep the session, and so the lock, while the children drain."""

@@ -14,6 +14,7 @@ import pgq_supervisor as pgq
 from pgq_supervisor import db
 from pgq_supervisor.db import Conn
 from pgq_supervisor.jobs import JobId
+from pgq_supervisor.supervisor.listener import Listener
 from pgq_supervisor.supervisor.maintenance.rescuer import Rescuer
 from tests.support.db import claim_one, get, raw_row
 from tests.support.waiting import wait_for
@@ -115,3 +116,60 @@ def test_a_second_session_cannot_take_a_held_lock(session: Conn, dsn: str) -> No
     with psycopg.connect(dsn, autocommit=True) as other:
         assert db.take_supervisor_lock(other, S, DEAD) is None
         assert db.take_supervisor_lock(other, S, "pod-b:1:0000bbbb")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_listener_takes_the_lock_again_after_its_connection_is_lost(
+    conn: Conn, dsn: str
+) -> None:
+    clock = Clock()
+    listener = Listener(dsn, clock=clock, lock=(S, DEAD))
+    try:
+        assert listener.connect() and listener.locked_on == epoch(conn)
+        assert db.supervisors_gone(conn, S, me="x") == []
+        pid = listener_pid(conn)
+        conn.execute("SELECT pg_terminate_backend(%s)", (pid,))  # an administrator, a blip
+        wait_for("the break seen", lambda: (listener.read(), not listener.connected)[1])
+        assert listener.locked_on is None  # the row it writes next says so
+        assert listener.connect() and listener.locked_on == epoch(conn)
+    finally:
+        listener.close()
+
+
+def test_a_lock_an_earlier_session_still_holds_is_taken_once_it_is_free(
+    conn: Conn, session: Conn
+) -> None:
+    clock = Clock()
+    listener = Listener(conn.info.dsn, clock=clock, lock=(S, DEAD))
+    try:
+        assert listener.connect() and listener.locked_on is None  # `session` holds it
+        session.close()
+        clock.now += 0.5
+        listener.connect()  # connected already: tries the lock again, at most once a second
+        assert listener.locked_on is None
+
+        def retry() -> str | None:
+            clock.now += 1.0  # the ended session's lock is freed as its backend exits
+            listener.connect()
+            return listener.locked_on
+
+        wait_for("the lock", retry)
+        assert listener.locked_on == epoch(conn)
+    finally:
+        listener.close()
+
+
+def listener_pid(conn: Conn) -> int:
+    row = conn.execute(
+        "SELECT pid FROM pg_stat_activity WHERE application_name = 'pgq-supervisor-listen'"
+        " AND datname = current_database()"
+    ).fetchone()
+    assert row is not None and isinstance(row[0], int)
+    return row[0]
