@@ -4,6 +4,7 @@ lock was freed with its LISTEN connection (schema/0017)."""
 
 from __future__ import annotations
 
+import signal
 import time
 
 import pgq_supervisor as pgq
@@ -15,8 +16,8 @@ from tests.support.waiting import wait_for
 SLOW_HEARTBEAT = ("--heartbeat-interval", "5", "--dead-after", "60")
 
 
-def start(sups: list[Supervisor], dsn: str) -> Supervisor:
-    sup = Supervisor(dsn, APP, "--procs", "2", "--types", "sleep_first", *SLOW_HEARTBEAT)
+def start(sups: list[Supervisor], dsn: str, type_: str = "sleep_first") -> Supervisor:
+    sup = Supervisor(dsn, APP, "--procs", "2", "--types", type_, *SLOW_HEARTBEAT)
     sups.append(sup)
     sup.wait_ready(2)
     return sup
@@ -64,3 +65,20 @@ def count_locked(db: Conn) -> int:
     row = db.execute("SELECT count(*) FROM pgq.supervisor WHERE locked_on IS NOT NULL").fetchone()
     assert row is not None and isinstance(row[0], int)
     return row[0]
+
+
+def test_a_draining_supervisor_keeps_its_lock_and_its_jobs(
+    dsn: str, db: Conn, sups: list[Supervisor]
+) -> None:
+    leaving = start(sups, dsn, "sleep")
+    wait_for("its row, with its lock", lambda: count_locked(db) == 1, timeout=30)
+    job_id = pgq.enqueue(db, "sleep", {"seconds": 8.0})  # outlasts the other's start-up
+    wait_for("the job running", lambda: count(dsn, "state = 'running'") == 1)
+    staying = start(sups, dsn, "sleep")
+    assert count(dsn, "state = 'running'") == 1
+    leaving.signal(signal.SIGTERM)  # stops claiming, lets the job finish: UNLISTEN, lock kept
+    assert leaving.wait(timeout=30) == 0, leaving.log()[-2000:]
+    row = db.execute("SELECT state, attempts FROM pgq.job WHERE id = %s", (job_id,)).fetchone()
+    assert row == ("succeeded", []), row  # finished by its own child, never rescued
+    assert "gone" not in staying.log(), staying.log()[-2000:]
+    assert staying.stop() == 0
