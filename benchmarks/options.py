@@ -21,6 +21,7 @@ GROUPS = (
     "io",
     "wake",
     "kill",
+    "deadpod",
     "cancel",
     "memory",
     "deep",

@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from types import FrameType
 from typing import NoReturn
 
-from benchmarks import deep, drain, enqueue, hol, peers, probes, soak, web
+from benchmarks import deadpod, deep, drain, enqueue, hol, peers, probes, soak, web
 from benchmarks.apps import LIMIT, calibrate_spin
 from benchmarks.options import Options, parse_args
 from benchmarks.procs import ROOT
@@ -108,6 +108,9 @@ class Bench:
         if "kill" in o.groups:
             for r in runs:
                 steps.append(self.kill_step(r))
+        if "deadpod" in o.groups:
+            for r in runs:
+                steps.append(self.dead_pod_step(r))
         if "cancel" in o.groups:
             for r in runs:
                 steps.append(self.cancel_step(r))
@@ -251,7 +254,14 @@ class Bench:
                         "peer.pgqueuer.io_capped",
                     )
                 )
-        self.order += ["wake.p50", "wake.p99", "kill.rerun", "cancel.free", "rss.idle"]
+        self.order += [
+            "wake.p50",
+            "wake.p99",
+            "kill.rerun",
+            "deadpod.rerun",
+            "cancel.free",
+            "rss.idle",
+        ]
         self.order += [f"mem.{k}" for k in ("uss", "pss", "rss", "startup", "respawn")]
         if "deep" in self.opts.groups:
             self.order += [
@@ -675,6 +685,25 @@ class Bench:
             return f"median {value:.0f} ms of {', '.join(f'{s:.0f}' for s in samples)} ms"
 
         return Step(f"run {r}/{o.runs} SIGKILL → rerun: {o.kills} kills, --procs 2", action, (m,))
+
+    def dead_pod_step(self, r: int) -> Step:
+        o = self.opts
+        m = self.results.measure(
+            "deadpod.rerun",
+            "SIGKILL of a supervisor's process group (2 others run) → its job running again",
+            "ms",
+            Target("<=", 2000),
+        )
+
+        def action() -> str:
+            samples, details = deadpod.run_dead_pod(self.dsn, o.kills, 2, o.supervisor_args)
+            value = statistics.median(samples)
+            m.add(value, details)
+            return f"median {value:.0f} ms of {', '.join(f'{s:.0f}' for s in samples)} ms"
+
+        return Step(
+            f"run {r}/{o.runs} dead pod → rerun: {o.kills} kills, 3 pods of --procs 2", action, (m,)
+        )
 
     def cancel_step(self, r: int) -> Step:
         o = self.opts

@@ -156,6 +156,7 @@ class Handler:
     rate: Rate | None = None
     limits: Limits | None = None
     concurrency: int | None = None  # at most this many of the type in flight in one child
+    ephemeral: bool = False  # its jobs are deleted at success (no history row)
 
     @property
     def is_async(self) -> bool:
@@ -212,13 +213,17 @@ class Registry:
         global_concurrency: int | None = None,
         key_concurrency: int | None = None,
         concurrency: int | None = None,
+        ephemeral: bool = False,
     ) -> Callable[[F], F]:
         """Register the decorated function as the handler of `type_`. `rate=(N, period)`: at
         most N starts of the type per period (seconds or timedelta) across all supervisors
         (see Rate). `global_concurrency=N`: at most N jobs of the type running at once across
         all supervisors; `key_concurrency=N`: at most N running per `concurrency_key` (see
         Limits). `concurrency=N`: at most N jobs of the type in flight in one child (the
-        `concurrency` setting caps them all). ConfigError for an invalid option."""
+        `concurrency` setting caps them all). `ephemeral=True`: a job of the type leaves no
+        row when it succeeds (deleted by its completion; one in a bundle or with dependents is
+        kept, as succeeded, for them); failures are kept as usual. ConfigError for an invalid
+        option."""
         try:
             check_type_name(type_)
         except ValueError as exc:
@@ -239,7 +244,11 @@ class Registry:
                 raise ConfigError(f"job type {type_!r} has two handlers")
             handler = _make_handler(type_, func, timeout, max_retry_count, retry or RetryPolicy())
             self.handlers[type_] = dataclasses.replace(
-                handler, rate=parsed_rate, limits=limits, concurrency=concurrency
+                handler,
+                rate=parsed_rate,
+                limits=limits,
+                concurrency=concurrency,
+                ephemeral=bool(ephemeral),
             )
             return func
 
@@ -318,6 +327,10 @@ class Registry:
         """The policy of `type_`'s handler; UNHANDLED when there is none."""
         handler = self.handlers.get(type_)
         return UNHANDLED if handler is None else handler.policy
+
+    def ephemeral_types(self) -> frozenset[str]:
+        """The types whose jobs are deleted at success (`ephemeral=True`)."""
+        return frozenset(t for t, h in self.handlers.items() if h.ephemeral)
 
     def rates(self, types: Sequence[str]) -> dict[str, Rate]:
         """The rates of those of `types` that have one."""

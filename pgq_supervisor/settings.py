@@ -24,6 +24,8 @@ from pgq_supervisor.errors import ConfigError, InvalidInput
 from pgq_supervisor.jobs import MAX_DURATION, check_duration
 from pgq_supervisor.redaction import hide_password
 
+# what a retention setting takes to keep that kind of job forever
+KEEP_FOREVER = ("forever", "none")
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
@@ -137,17 +139,19 @@ class Settings(BaseSettings):
         None, ge=0, le=65535, description="serve /metrics, /healthz, /readyz here; unset = off"
     )
     metrics_host: str = Field("0.0.0.0", description="address of the metrics server")
+    # Bounded by default so that no table grows forever: a day of succeeded jobs answers
+    # "did it run?", a week of failed ones covers a weekend before someone looks.
     retain_succeeded: float | None = Field(
-        None,
+        86400.0,
         gt=0,
         le=MAX_DURATION,
-        description="seconds (or 7d, 12h, ...); unset keeps succeeded jobs",
+        description="keep succeeded jobs this long (seconds, or 1d, 12h, ...); forever = keep all",
     )
     retain_failed: float | None = Field(
-        None,
+        7 * 86400.0,
         gt=0,
         le=MAX_DURATION,
-        description="seconds (or 7d, 12h, ...); unset keeps failed and cancelled jobs",
+        description="keep failed and cancelled jobs this long (7d, ...); forever = keep all",
     )
     summary_interval: float = Field(
         10.0,
@@ -211,6 +215,8 @@ class Settings(BaseSettings):
     @field_validator("retain_succeeded", "retain_failed", mode="before")
     @classmethod
     def _duration(cls, value: object) -> object:
+        if isinstance(value, str) and value.strip().lower() in KEEP_FOREVER:
+            return None
         return parse_duration(value) if isinstance(value, str) else value
 
     @field_validator("log_level", "log_format", "connection_budget", mode="before")

@@ -139,7 +139,7 @@ class _Drain:
         worker_id = f"testing:{os.getpid()}"
         recorder = Recorder(conn, s)
         self.executor = Executor(registry, worker_id, progress=recorder)
-        self.completer = Completer(s, worker_id)
+        self.completer = Completer(s, worker_id, ephemeral=registry.ephemeral_types())
         self.policy = registry.claim_policy(self.types)
         self.result = DrainResult(progress=recorder.values)
         self.held: list[Job] = []  # claimed, not yet settled

@@ -18,6 +18,7 @@ from datetime import datetime
 from typing import TypeVar
 
 from pgq_supervisor import db
+from pgq_supervisor.admin import doctor as admin_doctor
 from pgq_supervisor.admin import schedules as admin_schedules
 from pgq_supervisor.admin import schema as admin_schema
 from pgq_supervisor.admin import workers as admin_workers
@@ -45,7 +46,7 @@ from pgq_supervisor.settings import Settings, parse_duration
 
 COMMANDS: tuple[str, ...] = (
     "status", "depth", "jobs", "show", "retry", "cancel", "purge", "schedules", "pause",
-    "resume", "workers", "dashboard-indexes", "schema-dump",
+    "resume", "workers", "dashboard-indexes", "schema-dump", "doctor",
 )  # fmt: skip
 
 Parser = TypeVar("Parser", bound=argparse.ArgumentParser)
@@ -116,6 +117,7 @@ def add_commands(sub: argparse._SubParsersAction[Parser], common: Parser) -> Non
 
     admin_workers.add_command(sub, parents)
     admin_schema.add_command(sub, [common])  # text only: no --json
+    admin_doctor.add_command(sub, parents)
 
 
 # ---- argument types: argparse turns their errors into a usage error (exit 2) ----

@@ -110,6 +110,9 @@ from pgq_supervisor.db.schedules import (
 from pgq_supervisor.db.supervisors import (
     list_supervisors,
     register_supervisor,
+    rescue_orphans,
+    supervisors_gone,
+    take_supervisor_lock,
     unregister_supervisor,
 )
 from pgq_supervisor.db.watching import (
@@ -193,6 +196,7 @@ __all__ = [
     "register_supervisor",
     "release",
     "rescue",
+    "rescue_orphans",
     "reset",
     "resume",
     "resume_schedule",
@@ -206,8 +210,10 @@ __all__ = [
     "succeed_and_claim",
     "succeed_async",
     "summary_by_origin",
+    "supervisors_gone",
     "sync_limits",
     "sync_rates",
+    "take_supervisor_lock",
     "throughput",
     "type_active",
     "type_controls",

@@ -6,7 +6,7 @@ running under that lease.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from psycopg.rows import scalar_row, tuple_row
 
@@ -92,7 +92,9 @@ def lock_bundles(
 
 
 def _succeed_params(
-    lease: LeaseToken, results: Sequence[tuple[JobId, str | None]]
+    lease: LeaseToken,
+    results: Sequence[tuple[JobId, str | None]],
+    ephemeral: Collection[JobId] = (),
 ) -> SucceedParams:
     # in id order, the order the update then takes the rows in: the order everything else
     # locks jobs in (lock_bundles, link_dependencies), so none of them can deadlock with it
@@ -101,23 +103,33 @@ def _succeed_params(
         "ids": [r[0] for r in results],
         "results": [r[1] for r in results],
         "done_lease": lease,
+        "ephemeral": sorted(ephemeral),
     }
 
 
 def succeed(
-    conn: Conn, schema: str, lease: LeaseToken, results: Sequence[tuple[JobId, str | None]]
+    conn: Conn,
+    schema: str,
+    lease: LeaseToken,
+    results: Sequence[tuple[JobId, str | None]],
+    ephemeral: Collection[JobId] = (),
 ) -> set[JobId]:
-    """Mark jobs succeeded with their (JSON-text) results; returns the ids still held."""
-    params = _succeed_params(lease, results)
+    """Mark jobs succeeded with their (JSON-text) results; returns the ids still held. Those
+    in `ephemeral` are deleted instead, unless they have a bundle or dependents."""
+    params = _succeed_params(lease, results, ephemeral)
     with wrapped(), cursor(conn, scalar_row) as cur:
         return set(cur.execute(statement("succeed", schema), params).fetchall())
 
 
 async def succeed_async(
-    conn: AsyncConn, schema: str, lease: LeaseToken, results: Sequence[tuple[JobId, str | None]]
+    conn: AsyncConn,
+    schema: str,
+    lease: LeaseToken,
+    results: Sequence[tuple[JobId, str | None]],
+    ephemeral: Collection[JobId] = (),
 ) -> set[JobId]:
     """`succeed` on an async connection: an async handler's transaction commits with it."""
-    params = _succeed_params(lease, results)
+    params = _succeed_params(lease, results, ephemeral)
     with wrapped():
         async with cursor_async(conn, scalar_row) as cur:
             await cur.execute(statement("succeed", schema), params)
@@ -134,13 +146,14 @@ def succeed_and_claim(
     types: Sequence[str],
     max_retry_counts: Sequence[int],
     limit: int,
+    ephemeral: Collection[JobId] = (),
 ) -> tuple[set[JobId], list[Job]]:
     """`succeed` for one lease's jobs and `claim` of the next batch, in one statement.
 
     The jobs must have no bundle (their counters need the bundle rows locked in order first).
     """
     params: SucceedAndClaimParams = {
-        **_succeed_params(lease, results),
+        **_succeed_params(lease, results, ephemeral),
         **_claim_params(worker_id, types, max_retry_counts, limit),
     }
     with wrapped(), cursor(conn, rows.DoneAndClaimedRow(params["lease"])) as cur:

@@ -120,6 +120,7 @@ class SucceedParams(TypedDict):
     ids: list[JobId]
     results: list[str | None]
     done_lease: LeaseToken
+    ephemeral: list[JobId]  # those of `ids` to delete rather than mark succeeded
 
 
 class SucceedAndClaimParams(SucceedParams, ClaimParams):
@@ -159,6 +160,11 @@ class ReleaseParams(TypedDict):
 class RescueParams(TypedDict):
     dead_after: float
     limit: int
+    error: str
+
+
+class OrphansParams(TypedDict):
+    ids: list[str]
     error: str
 
 
@@ -308,6 +314,7 @@ class SupervisorRegisterParams(TypedDict):
     types: list[str]
     started_at: datetime
     children: str
+    locked_on: str | None  # the server epoch it holds its session lock in (schema/0016)
 
 
 class SupervisorIdParams(TypedDict):
@@ -371,7 +378,15 @@ PARAMS: dict[str, type] = {
     "type_limits": NoParams,
     "supervisor_register": SupervisorRegisterParams,
     "supervisor_unregister": SupervisorIdParams,
+    "supervisor_lock": SupervisorIdParams,
+    "supervisors_gone": SupervisorIdParams,
+    "rescue_orphans": OrphansParams,
     "supervisors_list": NoParams,
+    "health_backends": OlderThanParams,
+    "health_slots": NoParams,
+    "health_prepared": NoParams,
+    "health_table": SchemaNameParams,
+    "health_settings": NoParams,
     "schema_dump_search_path": NoParams,
     "schema_dump_version": NoParams,
     "schema_dump_types": SchemaNameParams,

@@ -158,6 +158,11 @@ FOR NO KEY UPDATE
 -- and two batches completing dependencies of the same jobs could deadlock. A probe of the
 -- (usually empty) job_dependency index per job; the jobs found are read by primary key
 -- (`= ANY(ARRAY(...))`, not a join, which the planner may hash over the whole table).
+-- `gone`: the jobs of ephemeral types (Registry.handler(ephemeral=True)) are deleted instead,
+-- fenced the same way, unless one is in a bundle (its on_complete would never fire if the
+-- bundle emptied) or has dependents (they read its result, and deleting a job that is still
+-- running dooms them: schema/0005): those succeed as usual, and retention deletes them later.
+-- `updated` leaves the deleted ones alone; `done` is both.
 WITH waiting AS (
     SELECT w.id FROM {schema}.job w
     WHERE w.id = ANY(ARRAY(SELECT e.job_id FROM {schema}.job_dependency e
@@ -166,14 +171,24 @@ WITH waiting AS (
     ORDER BY w.id
     FOR NO KEY UPDATE
 ),
-done AS (
+gone AS (
+    DELETE FROM {schema}.job j
+    WHERE j.id = ANY(%(ephemeral)s::uuid[]) AND j.state = 'running' AND j.lease = %(done_lease)s
+      AND j.bundle_id IS NULL AND NOT j.has_dependents
+    RETURNING j.id
+),
+updated AS (
     UPDATE {schema}.job j
     SET state = 'succeeded', stopped_at = now(), worker_alive_at = NULL, lease = NULL,
         result = r.result, updated_at = now()
     FROM unnest(%(ids)s::uuid[], %(results)s::jsonb[]) AS r(id, result)
     WHERE j.id = r.id AND j.state = 'running' AND j.lease = %(done_lease)s
+      AND j.id <> ALL(ARRAY(SELECT g.id FROM gone g))
       AND (SELECT count(*) FROM waiting) >= 0
     RETURNING j.id
+),
+done AS (
+    SELECT u.id FROM updated u UNION ALL SELECT g.id FROM gone g
 ),
 sent AS (
     SELECT count(pg_notify('pgq_job_stopped', c.ids)) AS n
@@ -204,14 +219,24 @@ WITH waiting AS (
     ORDER BY w.id
     FOR NO KEY UPDATE
 ),
-done AS (
+gone AS (
+    DELETE FROM {schema}.job j
+    WHERE j.id = ANY(%(ephemeral)s::uuid[]) AND j.state = 'running' AND j.lease = %(done_lease)s
+      AND j.bundle_id IS NULL AND NOT j.has_dependents
+    RETURNING j.id
+),
+updated AS (
     UPDATE {schema}.job j
     SET state = 'succeeded', stopped_at = now(), worker_alive_at = NULL, lease = NULL,
         result = r.result, updated_at = now()
     FROM unnest(%(ids)s::uuid[], %(results)s::jsonb[]) AS r(id, result)
     WHERE j.id = r.id AND j.state = 'running' AND j.lease = %(done_lease)s
+      AND j.id <> ALL(ARRAY(SELECT g.id FROM gone g))
       AND (SELECT count(*) FROM waiting) >= 0
     RETURNING j.id
+),
+done AS (
+    SELECT u.id FROM updated u UNION ALL SELECT g.id FROM gone g
 ),
 sent AS (
     SELECT count(pg_notify('pgq_job_stopped', c.ids)) AS n
@@ -734,12 +759,50 @@ WITH gone AS (
     WHERE seen_at < now() - interval '1 hour' AND id <> %(id)s
     RETURNING id
 )
-INSERT INTO {schema}.supervisor (id, host, pid, procs, types, started_at, seen_at, children)
+INSERT INTO {schema}.supervisor (id, host, pid, procs, types, started_at, seen_at, children,
+                                 locked_on)
 SELECT %(id)s, %(host)s, %(pid)s, %(procs)s, %(types)s::text[], %(started_at)s, now(),
-       %(children)s::jsonb
+       %(children)s::jsonb, %(locked_on)s
 WHERE (SELECT count(*) FROM gone) >= 0
 ON CONFLICT (id) DO UPDATE
-SET procs = excluded.procs, seen_at = excluded.seen_at, children = excluded.children
+SET procs = excluded.procs, seen_at = excluded.seen_at, children = excluded.children,
+    locked_on = excluded.locked_on
+
+-- name: supervisor_lock
+-- This supervisor's session-level lock (schema/0016), taken on its LISTEN connection: the
+-- server's epoch if taken, NULL if a session still holds it (the previous connection, not yet
+-- ended by the server).
+SELECT CASE WHEN pg_try_advisory_lock({schema}.supervisor_lock_space(), hashtext(%(id)s))
+            THEN {schema}.server_epoch() END
+
+-- name: supervisors_gone
+-- The other supervisors that said they held their lock on this server, in its present epoch,
+-- and whose lock nobody holds now: their process died. (A restart or a failover freed every
+-- lock at once: a row written before it names another epoch until its supervisor, if alive,
+-- takes its lock again and says so.)
+SELECT s.id FROM {schema}.supervisor s
+WHERE s.locked_on = {schema}.server_epoch() AND s.id <> %(id)s
+  AND {schema}.supervisor_gone(s.id)
+
+-- name: rescue_orphans
+-- The running jobs of supervisors `ids` end as worker deaths, if their locks are still free in
+-- this statement (one that took its lock back meanwhile keeps its jobs); their rows go, so the
+-- next look finds them no more. A job held by another transaction (its worker finishing it
+-- right now, or another rescuer) is skipped: the heartbeat timeout covers it.
+WITH gone AS (
+    DELETE FROM {schema}.supervisor s
+    WHERE s.id = ANY(%(ids)s::text[]) AND s.locked_on = {schema}.server_epoch()
+      AND {schema}.supervisor_gone(s.id)
+    RETURNING s.id || ':' AS prefix
+)
+SELECT job_id, job_type, new_state, retry_count
+FROM {schema}.end_attempt(
+    ARRAY(SELECT j.id FROM {schema}.job j
+          WHERE j.state = 'running'
+            AND EXISTS (SELECT 1 FROM gone g WHERE starts_with(j.worker_id, g.prefix))
+          ORDER BY j.id
+          FOR UPDATE SKIP LOCKED),
+    NULL, NULL, %(error)s, NULL, 'rescued', true, 0)
 
 -- name: supervisor_unregister
 DELETE FROM {schema}.supervisor WHERE id = %(id)s
@@ -940,6 +1003,64 @@ RETURNING id
 -- statement per object, ordered by name in the "C" collation (the default collations of
 -- servers differ, e.g. on where "_" sorts). They run after schema_dump_search_path, so the
 -- pg_get_*def functions print the schema's own names unqualified, as the migrations write them.
+
+-- name: health_backends
+-- Sessions of this database (and walsenders, which have none) whose transaction has been open
+-- longer than `older_than` seconds and holds a snapshot or an xid: vacuum may not remove a row
+-- version they might still see, in the job table or any other. The longest open first.
+SELECT a.pid, coalesce(a.usename::text, '') AS user_name, a.application_name,
+       coalesce(a.state, '') AS state,
+       extract(epoch FROM now() - a.xact_start)::float8 AS transaction_age,
+       age(coalesce(a.backend_xmin, a.backend_xid))::int AS xmin_age,
+       left(coalesce(a.query, ''), 200) AS query
+FROM pg_catalog.pg_stat_activity a
+WHERE (a.backend_xmin IS NOT NULL OR a.backend_xid IS NOT NULL)
+  AND a.pid <> pg_backend_pid()
+  AND (a.datname = current_database() OR a.datname IS NULL)
+  AND a.xact_start < now() - make_interval(secs => %(older_than)s)
+ORDER BY a.xact_start
+LIMIT 10
+
+-- name: health_slots
+-- Every replication slot: one with an xmin holds the horizon of every database (a standby's
+-- hot_standby_feedback), a catalog_xmin that of the catalogs (logical decoding); an inactive
+-- one also keeps WAL from restart_lsn on (`retained_bytes`).
+SELECT s.slot_name::text AS name, s.slot_type AS slot_type, s.active,
+       age(s.xmin)::int AS xmin_age, age(s.catalog_xmin)::int AS catalog_xmin_age,
+       pg_wal_lsn_diff(CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn()
+                            ELSE pg_current_wal_lsn() END, s.restart_lsn)::float8
+           AS retained_bytes
+FROM pg_catalog.pg_replication_slots s
+ORDER BY s.slot_name
+
+-- name: health_prepared
+-- Prepared transactions (two-phase commit) never finished: each holds the horizon and its locks
+-- until someone runs COMMIT PREPARED or ROLLBACK PREPARED.
+SELECT p.gid, p.owner::text AS owner, p.database::text AS database,
+       extract(epoch FROM now() - p.prepared)::float8 AS age,
+       age(p.transaction)::int AS xmin_age
+FROM pg_catalog.pg_prepared_xacts p
+ORDER BY p.prepared
+
+-- name: health_table
+-- The job table's vacuum state: the statistics collector's counts (approximate), its size with
+-- indexes and TOAST, its last vacuum of each kind, and its own autovacuum options.
+SELECT s.n_live_tup::bigint AS live_tuples, s.n_dead_tup::bigint AS dead_tuples,
+       pg_total_relation_size(c.oid)::bigint AS total_bytes,
+       pg_relation_size(c.oid)::bigint AS table_bytes,
+       s.last_vacuum, s.last_autovacuum, s.autovacuum_count::bigint AS autovacuum_count,
+       coalesce(c.reloptions, ARRAY[]::text[]) AS options
+FROM pg_catalog.pg_class c
+JOIN pg_catalog.pg_stat_all_tables s ON s.relid = c.oid
+WHERE c.relname = 'job' AND c.relnamespace = %(schema)s::regnamespace
+
+-- name: health_settings
+-- The server's autovacuum settings, and the timeouts that end forgotten transactions.
+SELECT name, setting || coalesce(unit, '') AS value FROM pg_catalog.pg_settings
+WHERE name IN ('autovacuum', 'autovacuum_naptime', 'autovacuum_vacuum_scale_factor',
+               'autovacuum_vacuum_threshold', 'autovacuum_vacuum_cost_limit',
+               'autovacuum_vacuum_cost_delay', 'idle_in_transaction_session_timeout')
+ORDER BY name
 
 -- name: schema_dump_search_path
 SET LOCAL search_path TO {schema}, pg_catalog

@@ -141,15 +141,17 @@ class Supervisor:
             signal.SIGTTIN: self.handle_sigttin,
             signal.SIGTTOU: self.handle_sigttou,
         }
-        # LISTEN is session state: behind a transaction pooler it needs a direct connection
+        self.control = ControlConnection(
+            dsn, clock=clock, rng=self.rng, prepare_threshold=settings.prepare_threshold
+        )
+        self.registration = Registration(self.control, self.schema, self.rng)
+        # LISTEN is session state (and holds our lock): behind a pooler it needs a direct one
         self.listener = Listener(
             settings.listen_dsn or dsn,
             clock=clock,
             rng=self.rng,
             prepare_threshold=settings.prepare_threshold,
-        )
-        self.control = ControlConnection(
-            dsn, clock=clock, rng=self.rng, prepare_threshold=settings.prepare_threshold
+            lock=(self.schema, self.registration.id),
         )
         now = clock()
         self.services = services or Services.from_settings(
@@ -158,6 +160,7 @@ class Supervisor:
         self.timers = maintenance_timers(
             settings, self.types, self.services, self.control, self.metrics, self.wake,
             now=now, rng=self.rng, rated=sorted(registry.rates(self.types)), clock=clock,
+            me=self.registration.id,
         )  # fmt: skip
         self.timers.add(
             Timer(
@@ -173,7 +176,6 @@ class Supervisor:
         # jobs released from a death of a child that held several: each child that may run
         # several at once is told (RunAlone), and so is every child spawned later
         self.run_alone = RunAloneSet()
-        self.registration = Registration(self.control, self.schema, self.rng)
         self.timers.add(
             Timer("register", self._register, settings.heartbeat_interval, in_shutdown=True)
         )
@@ -303,7 +305,7 @@ class Supervisor:
         fd = self.listener.fileno()
         if fd is not None:
             self.sel.unregister(fd)
-        self.listener.close()
+        self.listener.stop_listening()  # the lock stays: the draining jobs are still ours
 
     def _on_notifications(self) -> None:
         fd = self.listener.fileno()
@@ -365,8 +367,7 @@ class Supervisor:
                 self._spawn(index, now)
 
     def _spawn(self, index: int, now: float) -> None:
-        host = self.registration.host
-        worker_id = f"{host}:{os.getpid()}:{index}:{self.rng.getrandbits(32):08x}"
+        worker_id = f"{self.registration.id}:{index}:{self.rng.getrandbits(32):08x}"
         spec = child_spec(self.settings, index, worker_id, self.dsn, self.types)
         child = self.children[index] = start_child(spec, self.spawner, now, self.run_alone)
         self.sel.register(child.pipe, selectors.EVENT_READ, PipeSource(child))
@@ -425,7 +426,8 @@ class Supervisor:
             log.warning("could not settle jobs of dead child %d: %s", child.spec.index, exc)
 
     def _register(self, now: float) -> None:
-        self.registration.register(self.target, self.types, self.children)
+        locked_on = self.listener.locked_on
+        self.registration.register(self.target, self.types, self.children, locked_on=locked_on)
 
     # ---- health ----
 

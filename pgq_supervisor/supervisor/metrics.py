@@ -158,6 +158,25 @@ class Metrics:
             " PostgreSQL trigger counts (the schema's depth())",
             registry=r,
         )
+        self.vacuum_findings = Gauge(
+            "pgq_vacuum_findings",
+            "What `doctor` would report now: sessions, replication slots or prepared"
+            " transactions holding the xmin horizon back, a job table vacuum does not keep up"
+            " with, autovacuum off (0: healthy)",
+            registry=r,
+        )
+        self.horizon_age = Gauge(
+            "pgq_vacuum_horizon_age_seconds",
+            "How long the oldest transaction of this database that holds a snapshot (or a"
+            " prepared one) has been open: vacuum keeps every row version it may see",
+            registry=r,
+        )
+        self.dead_tuples = Gauge(
+            "pgq_job_dead_tuples", "Dead row versions in the job table (estimate)", registry=r
+        )
+        self.table_bytes = Gauge(
+            "pgq_job_table_bytes", "The job table's size with its indexes and TOAST", registry=r
+        )
         self._known_types: set[str] = set()
         self._controlled: set[str] = set()
         self._limited: set[str] = set()

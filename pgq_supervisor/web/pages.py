@@ -8,8 +8,11 @@ import uuid
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
+from pgq_supervisor import db
+from pgq_supervisor.db.health import read_health
 from pgq_supervisor.errors import JobNotFound
 from pgq_supervisor.jobs import BundleId, check_type_name
+from pgq_supervisor.vacuum import MAX_TRANSACTION_AGE, Finding, diagnose
 from pgq_supervisor.web import jobs_view, type_view, views
 from pgq_supervisor.web.handlers import Handlers, bundle_exists, job_exists, parse_id
 
@@ -19,6 +22,8 @@ PAGE_SIZE = 50
 class Pages(Handlers):
     async def overview(self, request: Request) -> Response:
         data = await self._read(views.overview)
+        if request.headers.get("x-pgq-live") != "1":  # the banner is outside the live part
+            data = {**data, "vacuum_findings": await self._read(vacuum_findings)}
         return await self._page(request, "overview.html", data, live=True)
 
     async def jobs(self, request: Request) -> Response:
@@ -78,3 +83,8 @@ class Pages(Handlers):
     async def schedules(self, request: Request) -> Response:
         data = await self._read(views.schedules)
         return await self._page(request, "schedules.html", data)
+
+
+def vacuum_findings(conn: db.Conn, schema: str) -> list[Finding]:
+    """What `doctor` would report, for the overview's banner (templates/_vacuum_health.html)."""
+    return diagnose(read_health(conn, schema, older_than=MAX_TRANSACTION_AGE), schema)

@@ -100,7 +100,11 @@ def child_parts(
     # `conn` handler's transaction
     executor = Executor(registry, spec.worker_id, progress=heartbeat.progress)
     completer = Completer(
-        spec.schema, spec.worker_id, heartbeat=heartbeat, flush_every=REPORT_EVERY
+        spec.schema,
+        spec.worker_id,
+        heartbeat=heartbeat,
+        flush_every=REPORT_EVERY,
+        ephemeral=registry.ephemeral_types(),
     )
     return heartbeat, executor, completer
 

@@ -91,8 +91,11 @@ class Completer:
         heartbeat: Heartbeat | None = None,
         flush_every: float = 0.25,
         clock: Callable[[], float] = time.monotonic,
+        ephemeral: frozenset[str] = frozenset(),
     ) -> None:
+        """`ephemeral`: the job types whose successes delete their jobs (db.succeed)."""
         self.schema = schema
+        self.ephemeral = ephemeral
         self.worker_id = worker_id
         self.heartbeat = heartbeat
         self.flush_every = flush_every
@@ -146,6 +149,7 @@ class Completer:
                 types=policy.types,
                 max_retry_counts=policy.max_retry_counts,
                 limit=limit,
+                ephemeral=self._ephemeral(self._successes),
             )
             self._settle_buffered(lease, held)
         self._written_at = self.clock()
@@ -266,14 +270,20 @@ class Completer:
                 for r in self._successes
                 if r.job.lease == lease and r.job.bundle_id is not None
             ]
+            gone = self._ephemeral([r for r in self._successes if r.job.lease == lease])
             if bundles:
                 with db.wrapped(), conn.transaction():
                     db.lock_bundles(conn, self.schema, bundles, [i for i, _ in results], lease)
-                    held = db.succeed(conn, self.schema, lease, results)
+                    held = db.succeed(conn, self.schema, lease, results, gone)
             else:
-                held = db.succeed(conn, self.schema, lease, results)
+                held = db.succeed(conn, self.schema, lease, results, gone)
             self._settle_buffered(lease, held)
         self._written_at = self.clock()
+
+    def _ephemeral(self, successes: Sequence[Ran]) -> list[JobId]:
+        if not self.ephemeral:  # the usual case: nothing to look at
+            return []
+        return [r.job.id for r in successes if r.job.type in self.ephemeral]
 
     def recover(self, conn: db.Conn) -> None:
         """After a database error: write the buffer on `conn` if it can, else forget it (the

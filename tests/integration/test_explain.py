@@ -158,7 +158,7 @@ def test_succeed_and_claim_reads_jobs_by_index_only(conn: Conn) -> None:
         "succeed_and_claim",
         {"types": ["a"], "max_retry_counts": [3], "limit": 10, "worker_id": "w",
          "lease": uuid.uuid4(), "ids": [uuid.uuid4()], "results": [None],
-         "done_lease": uuid.uuid4()},
+         "done_lease": uuid.uuid4(), "ephemeral": [uuid.uuid4()]},
     )  # fmt: skip
     assert [n.get("Subplan Name") for n in nodes if n.get("Parent Relationship") == "InitPlan"]
     assert "job_pkey" in {n.get("Index Name") for n in nodes}, nodes

@@ -119,6 +119,7 @@ SUPERVISOR_COLUMNS = {
     "started_at": ("timestamp with time zone", False),
     "seen_at": ("timestamp with time zone", False),
     "children": ("jsonb", False),
+    "locked_on": ("text", True),
 }
 INDEXES = {
     "job_pkey": "CREATE UNIQUE INDEX job_pkey ON {s}.job USING btree (id)",
@@ -298,6 +299,9 @@ TRIGGERS = {
 }
 FUNCTIONS = {
     "end_attempt",
+    "supervisor_lock_space",
+    "server_epoch",
+    "supervisor_gone",
     "release_jobs",
     "job_notify_inserted",
     "job_bundle_count",

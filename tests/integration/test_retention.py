@@ -101,8 +101,15 @@ def test_pruning_bundled_jobs_keeps_the_bundle_counters_true(conn: Conn) -> None
 def test_from_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("PGQ_RETAIN_SUCCEEDED", "PGQ_RETAIN_FAILED"):
         monkeypatch.delenv(name, raising=False)
-    assert Pruner.from_settings(load_settings()) is None
-    pruner = Pruner.from_settings(load_settings(retain_succeeded="7d", schema="other"))
+    # by default a day of succeeded jobs and a week of failed and cancelled ones
+    pruner = Pruner.from_settings(load_settings())
+    assert pruner is not None
+    assert (pruner.retain_succeeded, pruner.retain_failed) == (DAY, 7 * DAY)
+    keep_all = load_settings(retain_succeeded="forever", retain_failed="forever")
+    assert Pruner.from_settings(keep_all) is None
+    pruner = Pruner.from_settings(
+        load_settings(retain_succeeded="7d", retain_failed="forever", schema="other")
+    )
     assert pruner is not None
     assert (pruner.schema, pruner.retain_succeeded, pruner.retain_failed) == (
         "other",

@@ -54,8 +54,8 @@ def test_succeed_and_claim_runs_the_very_updates_of_succeed_and_claim() -> None:
     both = _without_comments(_text("succeed_and_claim"))
     succeed = _without_comments(_text("succeed"))
     claim = _without_comments(_text("claim"))
-    for cte, source in (("done", succeed), ("sent", succeed)):
-        assert _cte(both, cte) == _cte(source, cte), cte
+    for cte in ("gone", "updated", "done", "sent"):
+        assert _cte(both, cte) == _cte(succeed, cte), cte
     # the claim, but for the always-true filter that runs the completion before claim_pick
     pick = "%(lease)s::uuid))::uuid[])"
     after_done = "%(lease)s::uuid) WHERE (SELECT count(*) FROM done) >= 0)::uuid[])"

@@ -98,6 +98,19 @@ def test_retention_accepts_durations() -> None:
         load_settings(retain_succeeded="soon")
 
 
+def test_retention_is_bounded_by_default_and_forever_keeps_all(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("PGQ_RETAIN_SUCCEEDED", raising=False)
+    monkeypatch.delenv("PGQ_RETAIN_FAILED", raising=False)
+    s = load_settings()
+    assert (s.retain_succeeded, s.retain_failed) == (86400, 7 * 86400)
+    s = load_settings(retain_succeeded="forever", retain_failed="None")
+    assert (s.retain_succeeded, s.retain_failed) == (None, None)
+    monkeypatch.setenv("PGQ_RETAIN_FAILED", "forever")
+    assert load_settings().retain_failed is None
+
+
 def test_unparsable_dsn_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="invalid setting dsn"):
         load_settings(dsn="host=a port")

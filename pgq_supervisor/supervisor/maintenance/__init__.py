@@ -9,8 +9,12 @@ they share.
                    after a child finds nothing       type frees a start (only with rates)      │
     rate-wake      once, when that start frees       wake one child (nothing notifies it) ◀───┘
     rescue         rescue_interval ± 20 %            Rescuer: reclaim jobs with stale heartbeats
+    orphans        0.5 s ± 20 %                      Rescuer: reclaim the jobs of supervisors
+                                                     whose session lock was freed (they died)
     queue-metrics  poll_interval ± 20 %              QueueMetrics: the pgq_jobs_* gauges (only
                                                      when metrics are served: metrics_port)
+    vacuum-health  30 s                              VacuumHealth: the pgq_vacuum_* gauges (only
+                                                     when metrics are served)
     prune          60 s; poll_interval while behind  Pruner: finished jobs past retention
     activity       summary_interval                  ActivitySummary: the INFO line of ended jobs
     periodic       at the next tick; poll_interval   Scheduler: enqueue the due ticks of the
@@ -39,9 +43,10 @@ from pgq_supervisor.errors import DatabaseError, DatabaseUnavailable
 from pgq_supervisor.periodic import Schedule
 from pgq_supervisor.settings import Settings
 from pgq_supervisor.supervisor.maintenance.activity import ActivitySummary
-from pgq_supervisor.supervisor.maintenance.rescuer import Rescuer
+from pgq_supervisor.supervisor.maintenance.rescuer import LOOK_EVERY, Rescuer
 from pgq_supervisor.supervisor.maintenance.retention import PRUNE_EVERY, Pruner
 from pgq_supervisor.supervisor.maintenance.scheduler import Scheduler
+from pgq_supervisor.supervisor.maintenance.vacuum_health import EVERY, VacuumHealth
 from pgq_supervisor.supervisor.metrics import Metrics, QueueMetrics
 
 log = logging.getLogger(__name__)
@@ -197,6 +202,7 @@ class Services:
     pruner: Pruner | None
     activity: ActivitySummary
     scheduler: Scheduler | None = None
+    vacuum: VacuumHealth | None = None
 
     @classmethod
     def from_settings(
@@ -212,6 +218,11 @@ class Services:
             pruner=Pruner.from_settings(settings),
             activity=ActivitySummary(settings.summary_interval, now),
             scheduler=Scheduler(settings.db_schema, schedules) if schedules else None,
+            vacuum=(
+                VacuumHealth(settings.db_schema, metrics)
+                if settings.metrics_port is not None
+                else None
+            ),
         )
 
 
@@ -227,9 +238,11 @@ def maintenance_timers(
     rng: random.Random,
     clock: Clock,
     rated: Sequence[str] = (),
+    me: str | None = None,
 ) -> Timers:
     """The supervisor's timers (see the module docstring). All but `activity` are due at once.
-    `rated`: the served types with a rate; without any, no rate timers."""
+    `rated`: the served types with a rate; without any, no rate timers. `me`: this
+    supervisor's registered id; without it, no look for supervisors that died."""
     poll = settings.poll_interval
     due_wake = Timer("due-wake", lambda now: wake(1), None, next_at=float("inf"))
     rate_wake = Timer("rate-wake", lambda now: wake(1), None, next_at=float("inf"))
@@ -250,9 +263,16 @@ def maintenance_timers(
         rescued = control.run(services.rescuer.run_once)
         metrics.rescued.inc(len(rescued.ended))
 
-    def refresh(queue_metrics: QueueMetrics) -> Callable[[float], None]:
+    def rescue_orphans(me: str) -> Callable[[float], None]:
         def run(now: float) -> None:
-            control.run(queue_metrics.run_once)
+            rescued = control.run(lambda conn: services.rescuer.run_orphans(conn, me))
+            metrics.rescued.inc(len(rescued.ended))
+
+        return run
+
+    def refresh(gauges: QueueMetrics | VacuumHealth) -> Callable[[float], None]:
+        def run(now: float) -> None:
+            control.run(gauges.run_once)
 
         return run
 
@@ -282,9 +302,12 @@ def maintenance_timers(
         due_wake,
         *([Timer(RATE_DUE, rate_due, poll), rate_wake] if rated else []),
         Timer("rescue", rescue, settings.rescue_every),
+        *([Timer("orphans", rescue_orphans(me), LOOK_EVERY)] if me is not None else []),
     ]
     if services.queue_metrics is not None:
         timers.append(Timer("queue-metrics", refresh(services.queue_metrics), poll))
+    if services.vacuum is not None:
+        timers.append(Timer("vacuum-health", refresh(services.vacuum), EVERY))
     if services.pruner is not None:
         timers.append(Timer("prune", prune(services.pruner), PRUNE_EVERY, jitter=0.0))
     if services.scheduler is not None:

@@ -25,15 +25,25 @@ class Registration:
         self.schema = schema
         self.host = socket.gethostname()
         self.started_at = datetime.now(UTC)
+        # its children's worker ids start with it and a colon: what a rescuer matches when
+        # this supervisor's lock is freed (queries.sql, rescue_orphans)
         self.id = f"{self.host}:{os.getpid()}:{rng.getrandbits(32):08x}"
 
-    def register(self, procs: int, types: Sequence[str], children: Mapping[int, Child]) -> None:
-        """Upsert the row, with what each child's describe() says. Raises DatabaseError."""
+    def register(
+        self,
+        procs: int,
+        types: Sequence[str],
+        children: Mapping[int, Child],
+        *,
+        locked_on: str | None = None,
+    ) -> None:
+        """Upsert the row, with what each child's describe() says; `locked_on`: the server
+        epoch this supervisor holds its session lock in (schema/0016). Raises DatabaseError."""
         described: list[JsonValue] = [c.describe() for _, c in sorted(children.items())]
         self.control.run(
             lambda conn: db.register_supervisor(
                 conn, self.schema, id=self.id, host=self.host, pid=os.getpid(), procs=procs,
-                types=types, started_at=self.started_at, children=described,
+                types=types, started_at=self.started_at, children=described, locked_on=locked_on,
             )
         )  # fmt: skip
 

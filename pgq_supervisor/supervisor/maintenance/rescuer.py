@@ -1,7 +1,8 @@
-"""Reclaims jobs whose heartbeat went stale (a whole pod died, a child hung).
+"""Reclaims jobs whose heartbeat went stale (a whole pod died, a child hung), and, at once, the
+jobs of supervisors whose session lock was freed (their process died: schema/0016).
 
 Staleness is judged by the database clock, so supervisors with skewed clocks agree. Safe with
-many supervisors: the rescue statement skips rows another transaction holds.
+many supervisors: the rescue statements skip rows another transaction holds.
 """
 
 from __future__ import annotations
@@ -13,6 +14,10 @@ from pgq_supervisor import db
 from pgq_supervisor.jobs import EndedAttempt, JobState
 
 log = logging.getLogger(__name__)
+
+# Seconds between looks for supervisors whose lock was freed: one read of the supervisor table
+# and pg_locks, so a dead pod's jobs run again within a second or two.
+LOOK_EVERY = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +43,24 @@ class Rescuer:
                 e.job_type,
                 e.retry_count + (e.new_state is JobState.FAILED),
                 self.dead_after,
+                e.new_state.value,
+            )
+        return RescueResult(tuple(ended))
+
+    def run_orphans(self, conn: db.Conn, me: str) -> RescueResult:
+        """Reclaim the running jobs of the other supervisors whose lock is free, on an
+        autocommit connection; `me`: this supervisor's id. Raises DatabaseError."""
+        gone = db.supervisors_gone(conn, self.schema, me=me)
+        if not gone:
+            return RescueResult(())
+        ended = db.rescue_orphans(conn, self.schema, gone)
+        log.warning("supervisor(s) %s gone (session lock freed)", ", ".join(gone))
+        for e in ended:
+            log.warning(
+                "rescued job id=%s type=%s attempt=%d: its supervisor is gone -> %s",
+                e.job_id,
+                e.job_type,
+                e.retry_count + (e.new_state is JobState.FAILED),
                 e.new_state.value,
             )
         return RescueResult(tuple(ended))

@@ -1,0 +1,85 @@
+"""`doctor`: what keeps vacuum from cleaning the job table, and what to do (vacuum.py).
+
+Prints the job table's dead tuples, size and last vacuums, the server's autovacuum settings,
+then one finding per cause: a session whose transaction has been open longer than
+--max-transaction-age (pid, user, application, state, age, query), a replication slot, a
+prepared transaction, a table vacuum cannot keep up with. Exit 0 when nothing needs action, 1
+when something does (so a cron job or a readiness check can alert on it), 2 on bad usage.
+Registered by admin.add_commands."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from typing import TypeVar
+
+from pgq_supervisor.connect import open_db
+from pgq_supervisor.db.health import Health, read_health
+from pgq_supervisor.errors import InvalidInput
+from pgq_supervisor.settings import Settings, parse_duration
+from pgq_supervisor.vacuum import MAX_TRANSACTION_AGE, Finding, diagnose, mib
+
+Parser = TypeVar("Parser", bound=argparse.ArgumentParser)
+NEEDS_ACTION = 1
+
+
+def add_command(sub: argparse._SubParsersAction[Parser], parents: list[Parser]) -> None:
+    p = sub.add_parser(
+        "doctor",
+        parents=parents,
+        help="vacuum health: what holds the xmin horizon back, the job table's dead tuples"
+        " (exit 1 when something needs action)",
+    )
+    p.add_argument(
+        "--max-transaction-age",
+        default=f"{MAX_TRANSACTION_AGE:g}s",
+        help="a transaction open longer than this holds vacuum back (default 5m; 30s, 2h, ...)",
+    )
+    p.set_defaults(handler=cmd_doctor)
+
+
+def cmd_doctor(args: argparse.Namespace, settings: Settings) -> int:
+    max_age = parse_duration(str(args.max_transaction_age))
+    if max_age <= 0:
+        raise InvalidInput("invalid --max-transaction-age: must be > 0")
+    schema = settings.db_schema
+    _, conn = open_db(settings)
+    with conn:
+        health = read_health(conn, schema, older_than=max_age)
+    findings = diagnose(health, schema, max_age=max_age)
+    if args.json:
+        print(json.dumps(_json(health, findings), default=str))
+    else:
+        print("\n".join(_lines(health, findings, schema)))
+    return NEEDS_ACTION if findings else 0
+
+
+def _lines(health: Health, findings: list[Finding], schema: str) -> list[str]:
+    t = health.table
+    out = []
+    if t is None:
+        out.append(f"no job table in schema {schema}")
+    else:
+        last = t.last_autovacuum.isoformat(timespec="seconds") if t.last_autovacuum else "never"
+        manual = t.last_vacuum.isoformat(timespec="seconds") if t.last_vacuum else "never"
+        out += [
+            f"job table {schema}.job: {t.live_tuples:,} live, {t.dead_tuples:,} dead row"
+            f" versions; {mib(t.total_bytes)} with indexes ({mib(t.table_bytes)} heap)",
+            f"  last autovacuum {last} ({t.autovacuum_count} in all), last VACUUM {manual}",
+            f"  table options: {', '.join(t.options) or 'none (the server defaults)'}",
+        ]
+    out.append("server: " + ", ".join(f"{s.name}={s.value}" for s in health.settings))
+    if not findings:
+        out.append("ok: nothing holds vacuum back")
+    for i, f in enumerate(findings, 1):
+        out += [f"{i}. {f.what}", f"   what to do: {f.action}"]
+    return out
+
+
+def _json(health: Health, findings: list[Finding]) -> dict[str, object]:
+    return {
+        "ok": not findings,
+        "findings": [dataclasses.asdict(f) for f in findings],
+        **dataclasses.asdict(health),
+    }

@@ -1,0 +1,59 @@
+"""vacuum.diagnose: what needs action, from readings made up here (the integration tests read
+real ones: tests/integration/test_doctor.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import UTC, datetime
+
+from pgq_supervisor.db.health import Backend, Health, JobTable, Prepared, Setting, Slot
+from pgq_supervisor.vacuum import diagnose, oldest_transaction
+
+TABLE = JobTable(
+    live_tuples=100_000, dead_tuples=5_000, total_bytes=2**30, table_bytes=2**29,
+    last_vacuum=None, last_autovacuum=datetime(2026, 1, 1, tzinfo=UTC), autovacuum_count=3,
+    options=[],
+)  # fmt: skip
+ON = [Setting("autovacuum", "on")]
+
+
+def health(
+    *,
+    backends: list[Backend] | None = None,
+    slots: list[Slot] | None = None,
+    prepared: list[Prepared] | None = None,
+    table: JobTable = TABLE,
+    settings: list[Setting] = ON,
+) -> Health:
+    return Health(backends or [], slots or [], prepared or [], table, settings)
+
+
+def test_healthy_is_no_finding() -> None:
+    assert diagnose(health(), "pgq") == []
+    assert oldest_transaction(health()) == 0.0
+
+
+def test_each_cause_is_named_with_what_to_do() -> None:
+    young = Backend(7, "app", "web", "active", 10.0, 5, "SELECT 1")
+    old = Backend(42, "bi", "report", "idle in transaction", 900.0, 12_345, "SELECT *\n FROM t")
+    slot = Slot("standby_1", "physical", False, None, None, 3 * 2**20)
+    busy = Slot("live", "physical", True, None, None, 0.0)  # active, no xmin: holds nothing
+    prepared = Prepared("tx-1", "app", "db", 4000.0, 99)
+    found = diagnose(health(backends=[young, old], slots=[slot, busy], prepared=[prepared]), "jobs")
+    assert [f.what.split(" ")[0] for f in found] == ["session", "replication", "prepared"]
+    assert "pid 42" in found[0].what and "15 min" in found[0].what
+    assert "'SELECT * FROM t'" in found[0].what
+    assert "pg_terminate_backend(42)" in found[0].action
+    assert "3.0 MiB of WAL" in found[1].what
+    assert "pg_drop_replication_slot('standby_1')" in found[1].action
+    assert "ROLLBACK PREPARED 'tx-1'" in found[2].action
+    assert oldest_transaction(health(backends=[young, old], prepared=[prepared])) == 4000.0
+
+
+def test_dead_tuples_past_a_fifth_of_the_live_ones_and_autovacuum_off() -> None:
+    bloated = dataclasses.replace(TABLE, dead_tuples=30_000)
+    off = [Setting("autovacuum", "off")]
+    found = diagnose(health(table=bloated, settings=off), "jobs")
+    assert found[0].what == "autovacuum is off on this server"
+    assert found[1].what.startswith("the job table has 30,000 dead row versions (100,000 live")
+    assert found[1].action.startswith("VACUUM (VERBOSE) jobs.job; first end what holds")
