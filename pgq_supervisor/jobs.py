@@ -50,6 +50,7 @@ class AttemptKind(enum.StrEnum):
     WORKER_DEATH = "worker_death"  # the child died (signal, exit) while running the job
     RESCUED = "rescued"  # the heartbeat went stale (a whole pod died, a child hung)
     CANCELLED = "cancelled"  # cancelled while running (cancel_job): never retried
+    SNOOZED = "snoozed"  # the handler snoozed the job (pgq.Snooze): not counted as an attempt
 
 
 class OutcomeKind(enum.StrEnum):
@@ -59,6 +60,7 @@ class OutcomeKind(enum.StrEnum):
     RETRIED = "retried"
     FAILED = "failed"
     LOST = "lost"  # the lease was lost: another worker owns the job, nothing was written
+    SNOOZED = "snoozed"  # the handler snoozed it: pending again after its delay
 
 
 # The longest duration taken anywhere (a start delay, a retention, a purge, a setting): a
@@ -144,6 +146,7 @@ class JobRecord:
     has_dependents: bool = False
     concurrency_key: str | None = None
     trace_context: str | None = None  # W3C traceparent at enqueue (OpenTelemetry)
+    snoozes: int = 0  # times its handler snoozed it since it was enqueued or last reset
 
     @property
     def attempt(self) -> int:

@@ -26,6 +26,8 @@ from pgq_supervisor.periodic import Schedule
 F = TypeVar("F", bound=Callable[..., object])
 
 DEFAULT_MAX_RETRY_COUNT = 3
+# A handler snoozing its job more often than this waits for something that does not come.
+DEFAULT_MAX_SNOOZES = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +60,7 @@ class Policy:
     timeout: float | None
     max_retry_count: int
     backoff: Backoff
+    max_snoozes: int = DEFAULT_MAX_SNOOZES  # pgq.Snooze: past this many, the job fails
 
     def timeout_for(self, job: Job) -> float | None:
         """The job's own timeout if it was enqueued with one, else the handler's."""
@@ -212,13 +215,15 @@ class Registry:
         global_concurrency: int | None = None,
         key_concurrency: int | None = None,
         concurrency: int | None = None,
+        max_snoozes: int = DEFAULT_MAX_SNOOZES,
     ) -> Callable[[F], F]:
         """Register the decorated function as the handler of `type_`. `rate=(N, period)`: at
         most N starts of the type per period (seconds or timedelta) across all supervisors
         (see Rate). `global_concurrency=N`: at most N jobs of the type running at once across
         all supervisors; `key_concurrency=N`: at most N running per `concurrency_key` (see
         Limits). `concurrency=N`: at most N jobs of the type in flight in one child (the
-        `concurrency` setting caps them all). ConfigError for an invalid option."""
+        `concurrency` setting caps them all). `max_snoozes=N`: a job its handler snoozes
+        (pgq.Snooze) more than N times fails. ConfigError for an invalid option."""
         try:
             check_type_name(type_)
         except ValueError as exc:
@@ -233,13 +238,16 @@ class Registry:
             isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
         ):
             raise ConfigError(f"handler {type_!r}: concurrency must be an integer >= 1")
+        if isinstance(max_snoozes, bool) or not isinstance(max_snoozes, int) or max_snoozes < 0:
+            raise ConfigError(f"handler {type_!r}: max_snoozes must be an integer >= 0")
 
         def register(func: F) -> F:
             if type_ in self.handlers:
                 raise ConfigError(f"job type {type_!r} has two handlers")
             handler = _make_handler(type_, func, timeout, max_retry_count, retry or RetryPolicy())
+            policy = dataclasses.replace(handler.policy, max_snoozes=max_snoozes)
             self.handlers[type_] = dataclasses.replace(
-                handler, rate=parsed_rate, limits=limits, concurrency=concurrency
+                handler, policy=policy, rate=parsed_rate, limits=limits, concurrency=concurrency
             )
             return func
 

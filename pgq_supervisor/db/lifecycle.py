@@ -19,6 +19,7 @@ from pgq_supervisor.db.params import (
     LockBundlesParams,
     ReleaseParams,
     RescueParams,
+    SnoozeParams,
     SucceedAndClaimParams,
     SucceedParams,
     TypesParams,
@@ -177,6 +178,30 @@ def end_attempt(
     }
     with wrapped(), cursor(conn, rows.ENDED_ATTEMPT) as cur:
         return cur.execute(statement("end_attempt", schema), params).fetchall()
+
+
+def snooze(
+    conn: Conn,
+    schema: str,
+    job_id: JobId,
+    *,
+    lease: LeaseToken,
+    delay: float,
+    max_snoozes: int,
+    error: str,
+) -> list[EndedAttempt]:
+    """Snooze the job held under `lease`: pending again in `delay` seconds, no attempt counted;
+    if it has snoozed `max_snoozes` times already, failed with `error` instead. No row: the
+    lease was lost and nothing was written."""
+    params: SnoozeParams = {
+        "id": job_id,
+        "lease": lease,
+        "delay": max(0.0, delay),
+        "max_snoozes": max_snoozes,
+        "error": error,
+    }
+    with wrapped(), cursor(conn, rows.ENDED_ATTEMPT) as cur:
+        return cur.execute(statement("snooze", schema), params).fetchall()
 
 
 def release(

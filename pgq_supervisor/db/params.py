@@ -148,6 +148,14 @@ class EndAttemptParams(TypedDict):
     delay: float
 
 
+class SnoozeParams(TypedDict):
+    id: JobId
+    lease: LeaseToken
+    delay: float
+    max_snoozes: int
+    error: str
+
+
 class ReleaseParams(TypedDict):
     """NULL filters match everything."""
 
@@ -358,6 +366,7 @@ PARAMS: dict[str, type] = {
     "succeed": SucceedParams,
     "succeed_and_claim": SucceedAndClaimParams,
     "end_attempt": EndAttemptParams,
+    "snooze": SnoozeParams,
     "release": ReleaseParams,
     "rescue": RescueParams,
     "next_due": TypesParams,

@@ -425,6 +425,7 @@ ROWS: dict[str, tuple[str, ...]] = {
     "get_bundle": BUNDLE.columns,
     "end_attempt": ENDED_ATTEMPT.columns,
     "rescue": ENDED_ATTEMPT.columns,
+    "snooze": ENDED_ATTEMPT.columns,
     "queue_stats": TYPE_STATS.columns,
     "active_stats": TYPE_STATS.columns,
     "summary_by_origin": ORIGIN_SUMMARY.columns,

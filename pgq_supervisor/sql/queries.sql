@@ -274,6 +274,14 @@ FROM {schema}.end_attempt(%(ids)s::uuid[], %(lease)s::uuid, %(worker_id)s::text,
                           %(delay)s::float8)
 WHERE (SELECT count(*) FROM waiting) >= 0
 
+-- name: snooze
+-- The handler snoozed its job (pgq.Snooze): back to pending after `delay` seconds without
+-- counting an attempt, fenced by the lease; past `max_snoozes`, failed (schema/0018). A single
+-- row, so no dependents need locking first as end_attempt's batches do.
+SELECT job_id, job_type, new_state, retry_count
+FROM {schema}.snooze_job(%(id)s::uuid, %(lease)s::uuid, %(delay)s::float8, %(max_snoozes)s::int,
+                         %(error)s::text)
+
 -- name: release
 -- Back to pending without consuming an attempt. NULL filters match everything.
 SELECT id FROM {schema}.release_jobs(%(ids)s::uuid[], %(lease)s::uuid, %(worker_id)s::text) AS id
@@ -346,6 +354,7 @@ WITH done AS (
     SET state = 'pending', current_retry_count = 0, start_at = now(), started_at = NULL,
         stopped_at = NULL, worker_alive_at = NULL, worker_id = NULL, lease = NULL,
         result = NULL, error_msg = NULL, error_data = NULL, progress = NULL,
+        snoozes = 0,
         updated_at = now()
     WHERE id = %(id)s
       AND (state IN ('succeeded', 'failed', 'cancelled') OR (%(force)s AND state = 'running'))
@@ -360,6 +369,7 @@ WITH done AS (
     SET state = 'pending', current_retry_count = 0, start_at = now(), started_at = NULL,
         stopped_at = NULL, worker_alive_at = NULL, worker_id = NULL, lease = NULL,
         result = NULL, error_msg = NULL, error_data = NULL, progress = NULL,
+        snoozes = 0,
         updated_at = now()
     WHERE state = 'failed' AND (%(type)s::text IS NULL OR type = %(type)s)
     RETURNING id, type
@@ -373,7 +383,7 @@ SELECT id, bundle_id, type, payload, priority, origin, state, max_retry_count,
        current_retry_count, start_at, started_at, stopped_at, worker_alive_at, worker_id,
        timeout, unique_key, result, error_msg, error_data, attempts, created_at, updated_at,
        progress, waiting_on, depends_on, on_dependency_failure, has_dependents, concurrency_key,
-       trace_context
+       trace_context, snoozes
 FROM {schema}.job WHERE id = %(id)s
 
 -- name: job_states
@@ -385,7 +395,7 @@ SELECT id, bundle_id, type, payload, priority, origin, state, max_retry_count,
        current_retry_count, start_at, started_at, stopped_at, worker_alive_at, worker_id,
        timeout, unique_key, result, error_msg, error_data, attempts, created_at, updated_at,
        progress, waiting_on, depends_on, on_dependency_failure, has_dependents, concurrency_key,
-       trace_context
+       trace_context, snoozes
 FROM {schema}.job WHERE id = ANY(%(ids)s::uuid[])
 
 -- name: set_progress
@@ -425,7 +435,7 @@ SELECT id, bundle_id, type, payload, priority, origin, state, max_retry_count,
        current_retry_count, start_at, started_at, stopped_at, worker_alive_at, worker_id,
        timeout, unique_key, result, error_msg, error_data, attempts, created_at, updated_at,
        progress, waiting_on, depends_on, on_dependency_failure, has_dependents, concurrency_key,
-       trace_context
+       trace_context, snoozes
 FROM {schema}.job
 WHERE state = %(state)s AND (%(type)s::text IS NULL OR type = %(type)s)
 ORDER BY updated_at DESC
@@ -493,7 +503,9 @@ ORDER BY type, state
 -- Per type and state for the jobs of one origin: count, mean run time, attempts made.
 SELECT type, state, count(*)::int AS jobs,
        avg(extract(epoch FROM stopped_at - started_at))::float8 AS mean_seconds,
-       sum(jsonb_array_length(attempts))::int AS failed_attempts
+       -- snoozes are kept in the history but are not attempts
+       sum((SELECT count(*) FROM jsonb_array_elements(attempts) a
+            WHERE a ->> 'kind' IS DISTINCT FROM 'snoozed'))::int AS failed_attempts
 FROM {schema}.job
 WHERE origin = %(origin)s
 GROUP BY type, state

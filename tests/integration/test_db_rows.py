@@ -100,6 +100,8 @@ def _sample_params(conn: Conn) -> dict[str, dict[str, object]]:
     ids = [pgq.enqueue(conn, "t", {"n": i}, unique_key=f"u{i}", origin="o") for i in range(3)]
     bundle = db.insert_bundle(conn, SCHEMA, "t", 0, None, None)
     running = claim(conn, ["t"], limit=2)
+    pgq.enqueue(conn, "snz", {})
+    snoozing = claim(conn, ["snz"])[0]
     pgq.pause(conn, "other", reason="sample")  # any paused type gives type_controls a row
     db.sync_limits(conn, SCHEMA, ["other"], {"other": (2, 1)})  # and type_limits one
     claim_args = {"worker_id": "w", "types": ["t"], "max_retry_counts": [3], "limit": 1}
@@ -145,6 +147,10 @@ def _sample_params(conn: Conn) -> dict[str, dict[str, object]]:
             "delay": 0.0,
         },
         "rescue": {"dead_after": -1.0, "limit": 10, "error": "x"},
+        "snooze": {
+            "id": snoozing.id, "lease": snoozing.lease, "delay": 1.0, "max_snoozes": 1,
+            "error": "x",
+        },
         "queue_stats": {},
         "active_stats": {},
         "summary_by_origin": {"origin": "o"},

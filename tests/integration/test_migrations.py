@@ -47,6 +47,7 @@ JOB_COLUMNS = {
     "on_dependency_failure": ("text", True),
     "has_dependents": ("boolean", False),
     "concurrency_key": ("text", True),
+    "snoozes": ("integer", False),
 }
 DEPENDENCY_COLUMNS = {
     "job_id": ("uuid", False),
@@ -178,6 +179,7 @@ _TERMINAL = "ARRAY['succeeded'::{s}.job_state, 'failed'::{s}.job_state, 'cancell
 CHECKS = {
     ("job", "job_type_check"): "CHECK (((char_length(type) >= 1) AND (char_length(type) <= 100)))",
     ("job", "job_max_retry_count_check"): "CHECK ((max_retry_count >= 0))",
+    ("job", "job_snoozes_range"): "CHECK ((snoozes >= 0))",
     ("job", "job_timeout_check"): (
         "CHECK (((timeout IS NULL) OR (timeout > (0)::double precision)))"
     ),
@@ -319,6 +321,7 @@ FUNCTIONS = {
     "type_limit_restripe",
     "new_id",
     "depth",
+    "snooze_job",
 }
 
 

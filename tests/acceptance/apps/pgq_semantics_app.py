@@ -1,0 +1,30 @@
+"""Handlers for the job-options process tests (docs/job-options.md): snoozing ones, sync
+and async. A job that waits for a moment snoozes until it comes, so the test reads from the
+database how often it snoozed and when it finally ran."""
+
+from __future__ import annotations
+
+import time
+
+import pgq_supervisor as pgq
+
+registry = pgq.Registry()
+
+
+@registry.handler("wait_sync", max_retry_count=0)
+def wait_sync(payload: dict[str, float]) -> dict[str, float]:
+    if time.time() < payload["until"]:
+        raise pgq.Snooze(payload.get("every", 0.2))
+    return {"ran_at": time.time()}
+
+
+@registry.handler("wait_async", max_retry_count=0)
+async def wait_async(payload: dict[str, float]) -> object:
+    if time.time() < payload["until"]:
+        return pgq.Snooze(payload.get("every", 0.2))  # returned, not raised: the same
+    return {"ran_at": time.time()}
+
+
+@registry.handler("never_ready", max_snoozes=2)
+def never_ready(payload: object) -> None:
+    raise pgq.Snooze(0.1)

@@ -1,0 +1,63 @@
+"""The job options of docs/job-options.md through the real CLI, under two supervisors at once:
+snoozes in the one-at-a-time loop and in the in-flight loop (sync handlers in its threads,
+async ones on its event loop)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import pgq_supervisor as pgq
+from tests.acceptance.conftest import Conn
+from tests.support.processes import FAST, Supervisor
+from tests.support.waiting import wait_for
+
+APP = "pgq_semantics_app:registry"
+
+
+def _history(db: Conn, state: str) -> list[tuple[str, int, list[str], float]]:
+    rows = db.execute(
+        "SELECT type, current_retry_count,"
+        " ARRAY(SELECT a ->> 'kind' FROM jsonb_array_elements(attempts) a),"
+        " (result ->> 'ran_at')::float8 FROM pgq.job WHERE state = %s ORDER BY type",
+        (state,),
+    ).fetchall()
+    out = []
+    for type_, retries, kinds, ran_at in rows:
+        assert isinstance(retries, int) and isinstance(kinds, list)
+        out.append((str(type_), retries, [str(k) for k in kinds], float(str(ran_at or 0))))
+    return out
+
+
+@pytest.mark.parametrize("concurrency", ["1", "8"], ids=["sync-loop", "inflight-loop"])
+def test_snoozed_jobs_come_back_after_their_delay_without_using_an_attempt(
+    dsn: str, db: Conn, sups: list[Supervisor], concurrency: str
+) -> None:
+    for _ in range(2):
+        sups.append(Supervisor(dsn, APP, "--procs", "1", "--concurrency", concurrency, *FAST))
+    for sup in sups:
+        sup.wait_ready(1)
+    until = time.time() + 1.5
+    jobs = [pgq.NewJob(t, {"until": until}) for t in ("wait_sync", "wait_async") for _ in range(3)]
+    pgq.enqueue_many(db, [*jobs, pgq.NewJob("never_ready", {})])
+
+    def settled() -> bool:
+        row = db.execute("SELECT count(*) FROM pgq.job WHERE state IN ('pending', 'running')")
+        found = row.fetchone()
+        return found is not None and found[0] == 0
+
+    wait_for("every job settled", settled, timeout=60)
+    done = _history(db, "succeeded")
+    assert len(done) == 6
+    for type_, retries, kinds, ran_at in done:
+        # max_retry_count=0: had a snooze used an attempt, the job would have failed
+        assert retries == 0, type_
+        assert kinds and set(kinds) == {"snoozed"}, (type_, kinds)
+        assert ran_at >= until, type_
+    [(type_, retries, kinds, _)] = _history(db, "failed")
+    assert (type_, retries, kinds) == ("never_ready", 0, ["snoozed", "snoozed", "permanent"])
+    error = db.execute("SELECT error_msg FROM pgq.job WHERE state = 'failed'").fetchone()
+    assert error is not None and "max_snoozes=2" in str(error[0])
+    for sup in sups:
+        assert sup.stop() == 0, sup.log()[-2000:]
