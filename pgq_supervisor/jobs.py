@@ -7,7 +7,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Literal, NewType
 from uuid import UUID
 
@@ -98,6 +98,15 @@ class NewJob:
 
     `concurrency_key`: with a handler declaring `key_concurrency=N`, at most N jobs of the
     type with this key run at once, started in claim order (ignored by other handlers).
+
+    `unique_for` (seconds or a timedelta; needs `unique_key`): a dedup window. Besides an
+    unfinished job holding the key, a finished one created within the window in one of
+    `unique_states` (default: succeeded) also holds it: the enqueue returns its id.
+
+    `replace=True` (needs `unique_key`; debounce): the pending job holding the key gets this
+    one's payload, start_at and priority instead. A running holder is left alone; this job
+    waits behind it (`replace_running="wait"`) or is dropped (`"drop"`: its id is the
+    running job's). Not in enqueue_many.
     """
 
     type: str
@@ -111,6 +120,10 @@ class NewJob:
     depends_on: Sequence[JobId] = ()
     on_dependency_failure: DependencyFailure = "cancel"
     concurrency_key: str | None = None
+    unique_for: float | timedelta | None = None
+    unique_states: Sequence[str] | None = None
+    replace: bool = False
+    replace_running: Literal["wait", "drop"] = "wait"
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +160,8 @@ class JobRecord:
     concurrency_key: str | None = None
     trace_context: str | None = None  # W3C traceparent at enqueue (OpenTelemetry)
     snoozes: int = 0  # times its handler snoozed it since it was enqueued or last reset
+    # replace=True: the unique_key this job holds while it waits behind the running holder
+    debounce_key: str | None = None
 
     @property
     def attempt(self) -> int:

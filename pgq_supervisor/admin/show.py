@@ -34,10 +34,9 @@ def _text(record: JobRecord, held: NotStarted | None = None) -> str:
     lines = []
     order = [
         "id", "type", "state", "priority", "progress", "current_retry_count", "max_retry_count",
-        "snoozes", "origin", "bundle_id", "unique_key", "timeout", "worker_id", "created_at",
-        "start_at",
-        "started_at", "worker_alive_at", "stopped_at", "updated_at", "payload", "result",
-        "error_msg", "error_data",
+        "snoozes", "origin", "bundle_id", "unique_key", "debounce_key", "timeout", "worker_id",
+        "created_at", "start_at", "started_at", "worker_alive_at", "stopped_at", "updated_at",
+        "payload", "result", "error_msg", "error_data",
     ]  # fmt: skip
     width = max(len(k) for k in order)
     for key in order:
@@ -74,6 +73,9 @@ def held_back(record: JobRecord) -> str | None:
     last = record.attempts[-1] if record.attempts else None
     if isinstance(last, dict) and last.get("kind") == "snoozed":
         return f"snoozed (snooze {record.snoozes}) until {record.start_at.isoformat()}"
+    if record.debounce_key is not None and record.waiting_on > 0:
+        behind = ", ".join(str(d) for d in record.depends_on or ())
+        return f"debounced (key {record.debounce_key!r}): waits behind running job {behind}"
     return None
 
 

@@ -67,9 +67,6 @@ from pgq_supervisor.db.dashboard import (
     throughput,
 )
 from pgq_supervisor.db.enqueueing import (
-    enqueue,
-    enqueue_async,
-    enqueue_many,
     enqueue_many_params,
     enqueue_params,
     insert_bundle,
@@ -107,6 +104,7 @@ from pgq_supervisor.db.watching import (
     job_states_async,
     set_progress,
 )
+from pgq_supervisor.db.windows import enqueue, enqueue_async, enqueue_many
 from pgq_supervisor.redaction import redact
 
 __all__ = [

@@ -54,6 +54,26 @@ class EnqueueRow(TypedDict):
     trace_context: str | None
 
 
+class UniqueHoldersParams(TypedDict):
+    """`unique_holders`: per job, its key, window (s) and counted finished states ('a,b')."""
+
+    keys: list[str | None]
+    windows: list[float]
+    states: list[str]
+
+
+class DebounceParams(TypedDict):
+    key: str
+    payload: str
+    start_at: datetime | None
+    priority: int
+
+
+class DebounceKeyParams(TypedDict):
+    id: JobId
+    key: str | None
+
+
 class EnqueueManyParams(TypedDict):
     """`enqueue_many`: one array per column, in input order; one trace context for the call."""
 
@@ -367,6 +387,9 @@ PARAMS: dict[str, type] = {
     "succeed_and_claim": SucceedAndClaimParams,
     "end_attempt": EndAttemptParams,
     "snooze": SnoozeParams,
+    "unique_holders": UniqueHoldersParams,
+    "debounce_holder": DebounceParams,
+    "set_debounce_key": DebounceKeyParams,
     "release": ReleaseParams,
     "rescue": RescueParams,
     "next_due": TypesParams,

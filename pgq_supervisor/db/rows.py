@@ -430,6 +430,7 @@ ROWS: dict[str, tuple[str, ...]] = {
     "active_stats": TYPE_STATS.columns,
     "summary_by_origin": ORIGIN_SUMMARY.columns,
     "unfinished_by_unique_keys": UNIQUE_HOLDER.columns,
+    "unique_holders": UNIQUE_HOLDER.columns,
     "job_states": JOB_STATE.columns,
     "get_jobs": JOB_RECORD.columns,
     "cancel": CANCEL_RESULT.columns,

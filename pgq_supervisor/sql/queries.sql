@@ -56,6 +56,24 @@ SELECT {schema}.link_dependencies(%(jobs)s::uuid[], %(deps)s::uuid[])
 SELECT unique_key, id FROM {schema}.job
 WHERE unique_key = ANY(%(keys)s::text[]) AND state IN ('pending', 'running')
 
+-- name: unique_holders
+-- Dedup windows (schema/0019): the job holding each key, the keys locked until the caller's
+-- transaction ends.
+SELECT unique_key, id
+FROM {schema}.unique_holders(%(keys)s::text[], %(windows)s::float8[], %(states)s::text[])
+
+-- name: debounce_holder
+-- Debounce (schema/0020): replace the pending holder of the key, or name the running one; no
+-- row: the key is free. The key stays locked until the caller's transaction ends.
+SELECT action, id
+FROM {schema}.debounce_holder(%(key)s::text, %(payload)s::jsonb, %(start_at)s::timestamptz,
+                              %(priority)s::int)
+
+-- name: set_debounce_key
+-- The job just inserted to wait behind the running holder of the key holds the key here
+-- (job_unique_key_idx lets one unfinished job hold unique_key).
+UPDATE {schema}.job SET debounce_key = %(key)s WHERE id = %(id)s
+
 -- name: insert_bundle
 INSERT INTO {schema}.job_bundle (id, type, origin, num_jobs, on_complete)
 VALUES (%(id)s, %(type)s, %(origin)s, %(num_jobs)s, %(on_complete)s)
@@ -383,7 +401,7 @@ SELECT id, bundle_id, type, payload, priority, origin, state, max_retry_count,
        current_retry_count, start_at, started_at, stopped_at, worker_alive_at, worker_id,
        timeout, unique_key, result, error_msg, error_data, attempts, created_at, updated_at,
        progress, waiting_on, depends_on, on_dependency_failure, has_dependents, concurrency_key,
-       trace_context, snoozes
+       trace_context, snoozes, debounce_key
 FROM {schema}.job WHERE id = %(id)s
 
 -- name: job_states
@@ -395,7 +413,7 @@ SELECT id, bundle_id, type, payload, priority, origin, state, max_retry_count,
        current_retry_count, start_at, started_at, stopped_at, worker_alive_at, worker_id,
        timeout, unique_key, result, error_msg, error_data, attempts, created_at, updated_at,
        progress, waiting_on, depends_on, on_dependency_failure, has_dependents, concurrency_key,
-       trace_context, snoozes
+       trace_context, snoozes, debounce_key
 FROM {schema}.job WHERE id = ANY(%(ids)s::uuid[])
 
 -- name: set_progress
@@ -435,7 +453,7 @@ SELECT id, bundle_id, type, payload, priority, origin, state, max_retry_count,
        current_retry_count, start_at, started_at, stopped_at, worker_alive_at, worker_id,
        timeout, unique_key, result, error_msg, error_data, attempts, created_at, updated_at,
        progress, waiting_on, depends_on, on_dependency_failure, has_dependents, concurrency_key,
-       trace_context, snoozes
+       trace_context, snoozes, debounce_key
 FROM {schema}.job
 WHERE state = %(state)s AND (%(type)s::text IS NULL OR type = %(type)s)
 ORDER BY updated_at DESC

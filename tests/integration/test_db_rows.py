@@ -73,6 +73,8 @@ def test_get_job_reads_every_column_by_name(conn: Conn) -> None:
     assert db.set_progress(conn, SCHEMA, [(job_id, running.lease, '{"done": 3}')]) == {job_id}
     # enqueue writes it only under a recording OpenTelemetry span (test_tracing.py)
     conn.execute("UPDATE pgq.job SET trace_context = 'tp' WHERE id = %s", (job_id,))
+    # set only on a debounced job that waits behind a running one (test_debounce.py)
+    conn.execute("UPDATE pgq.job SET debounce_key = 'dk' WHERE id = %s", (job_id,))
     seen |= _assert_record_is_the_row(conn, db.get_job(conn, SCHEMA, job_id))
     assert db.succeed(conn, SCHEMA, running.lease, [(running.id, '{"ok": true}')]) == {job_id}
     seen |= _assert_record_is_the_row(conn, db.get_job(conn, SCHEMA, job_id))
@@ -155,6 +157,7 @@ def _sample_params(conn: Conn) -> dict[str, dict[str, object]]:
         "active_stats": {},
         "summary_by_origin": {"origin": "o"},
         "unfinished_by_unique_keys": {"keys": ["u0", "u1", "u2"]},
+        "unique_holders": {"keys": ["u0"], "windows": [60.0], "states": ["succeeded"]},
         "cancel": {"id": ids[2]},
         "schedule_declare": {
             "names": ["s1"],

@@ -48,6 +48,7 @@ JOB_COLUMNS = {
     "has_dependents": ("boolean", False),
     "concurrency_key": ("text", True),
     "snoozes": ("integer", False),
+    "debounce_key": ("text", True),
 }
 DEPENDENCY_COLUMNS = {
     "job_id": ("uuid", False),
@@ -173,6 +174,15 @@ INDEXES = {
     "job_unique_key_any_idx": (
         "CREATE INDEX job_unique_key_any_idx ON {s}.job USING btree (unique_key)"
         " WHERE (unique_key IS NOT NULL)"
+    ),
+    "job_unique_finished_idx": (
+        "CREATE INDEX job_unique_finished_idx ON {s}.job USING btree (unique_key, created_at DESC)"
+        " WHERE ((unique_key IS NOT NULL) AND (stopped_at IS NOT NULL))"
+    ),
+    "job_debounce_key_idx": (
+        "CREATE INDEX job_debounce_key_idx ON {s}.job USING btree (debounce_key)"
+        " WHERE ((debounce_key IS NOT NULL) AND (state = ANY (ARRAY['pending'::{s}.job_state,"
+        " 'running'::{s}.job_state])))"
     ),
 }
 _TERMINAL = "ARRAY['succeeded'::{s}.job_state, 'failed'::{s}.job_state, 'cancelled'::{s}.job_state]"
@@ -322,6 +332,8 @@ FUNCTIONS = {
     "new_id",
     "depth",
     "snooze_job",
+    "unique_holders",
+    "debounce_holder",
 }
 
 
