@@ -61,3 +61,37 @@ def test_snoozed_jobs_come_back_after_their_delay_without_using_an_attempt(
     assert error is not None and "max_snoozes=2" in str(error[0])
     for sup in sups:
         assert sup.stop() == 0, sup.log()[-2000:]
+
+
+def test_a_debounced_job_waits_behind_the_running_one_and_runs_the_last_payload(
+    dsn: str, db: Conn, sups: list[Supervisor]
+) -> None:
+    for _ in range(2):
+        sups.append(Supervisor(dsn, APP, "--procs", "2", *FAST))
+    for sup in sups:
+        sup.wait_ready(2)
+    first = pgq.enqueue(db, "reindex", {"version": 1}, unique_key="shop", replace=True)
+
+    def running() -> bool:
+        row = db.execute("SELECT state::text FROM pgq.job WHERE id = %s", (first,)).fetchone()
+        return row is not None and row[0] == "running"
+
+    wait_for("the first job running", running, timeout=30)
+    later = [
+        pgq.enqueue(db, "reindex", {"version": v, "seconds": 0.1}, unique_key="shop", replace=True)
+        for v in (2, 3, 4)
+    ]
+    assert len(set(later)) == 1 and later[0] != first  # one job waits, with the last payload
+
+    def results() -> list[dict[str, float]] | None:
+        rows = db.execute(
+            "SELECT result FROM pgq.job WHERE state = 'succeeded' ORDER BY started_at"
+        ).fetchall()
+        return [r[0] for r in rows] if len(rows) == 2 else None  # type: ignore[misc]
+
+    done = wait_for("both jobs succeeded", results, timeout=60)
+    assert [r["version"] for r in done] == [1, 4]
+    assert done[1]["start"] >= done[0]["end"], "the waiting job ran while the first still ran"
+    assert db.execute("SELECT count(*) FROM pgq.job").fetchone() == (2,)
+    for sup in sups:
+        assert sup.stop() == 0, sup.log()[-2000:]

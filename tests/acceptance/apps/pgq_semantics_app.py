@@ -28,3 +28,11 @@ async def wait_async(payload: dict[str, float]) -> object:
 @registry.handler("never_ready", max_snoozes=2)
 def never_ready(payload: object) -> None:
     raise pgq.Snooze(0.1)
+
+
+@registry.handler("reindex")
+def reindex(payload: dict[str, float]) -> dict[str, float]:
+    """Long enough for a test to debounce while it runs."""
+    started = time.time()
+    time.sleep(payload.get("seconds", 1.0))  # the job's simulated work
+    return {"version": payload["version"], "start": started, "end": time.time()}
