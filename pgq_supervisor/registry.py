@@ -19,6 +19,7 @@ from typing import TypeVar
 
 import pydantic
 
+from pgq_supervisor.aging import Aging
 from pgq_supervisor.errors import AppLoadError, ConfigError, InvalidInput
 from pgq_supervisor.jobs import Job, JsonValue, check_type_name
 from pgq_supervisor.periodic import Schedule
@@ -159,6 +160,7 @@ class Handler:
     rate: Rate | None = None
     limits: Limits | None = None
     concurrency: int | None = None  # at most this many of the type in flight in one child
+    aging: Aging | None = None  # its pending jobs' priority rises with their wait
 
     @property
     def is_async(self) -> bool:
@@ -216,6 +218,7 @@ class Registry:
         key_concurrency: int | None = None,
         concurrency: int | None = None,
         max_snoozes: int = DEFAULT_MAX_SNOOZES,
+        aging: tuple[float | timedelta, int] | None = None,
     ) -> Callable[[F], F]:
         """Register the decorated function as the handler of `type_`. `rate=(N, period)`: at
         most N starts of the type per period (seconds or timedelta) across all supervisors
@@ -223,7 +226,9 @@ class Registry:
         all supervisors; `key_concurrency=N`: at most N running per `concurrency_key` (see
         Limits). `concurrency=N`: at most N jobs of the type in flight in one child (the
         `concurrency` setting caps them all). `max_snoozes=N`: a job its handler snoozes
-        (pgq.Snooze) more than N times fails. ConfigError for an invalid option."""
+        (pgq.Snooze) more than N times fails. `aging=(every, max_priority)`: a pending job's
+        priority rises by one per `every` it waits, up to max_priority (see Aging).
+        ConfigError for an invalid option."""
         try:
             check_type_name(type_)
         except ValueError as exc:
@@ -234,6 +239,7 @@ class Registry:
             raise ConfigError(f"handler {type_!r}: max_retry_count must be >= 0")
         parsed_rate = None if rate is None else Rate.parse(type_, rate)
         limits = Limits.parse(type_, global_concurrency, key_concurrency)
+        parsed_aging = None if aging is None else Aging.parse(type_, aging)
         if concurrency is not None and (
             isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
         ):
@@ -247,7 +253,12 @@ class Registry:
             handler = _make_handler(type_, func, timeout, max_retry_count, retry or RetryPolicy())
             policy = dataclasses.replace(handler.policy, max_snoozes=max_snoozes)
             self.handlers[type_] = dataclasses.replace(
-                handler, policy=policy, rate=parsed_rate, limits=limits, concurrency=concurrency
+                handler,
+                policy=policy,
+                rate=parsed_rate,
+                limits=limits,
+                concurrency=concurrency,
+                aging=parsed_aging,
             )
             return func
 
@@ -331,6 +342,10 @@ class Registry:
         """The rates of those of `types` that have one."""
         found = {t: self.handlers[t].rate for t in types if t in self.handlers}
         return {t: r for t, r in found.items() if r is not None}
+
+    def agings(self, types: Sequence[str]) -> dict[str, Aging]:
+        """The priority aging of those of `types` that have one."""
+        return {t: a for t in types if t in self.handlers and (a := self.handlers[t].aging)}
 
     def limits(self, types: Sequence[str]) -> dict[str, Limits]:
         """The concurrency limits of those of `types` that have some."""

@@ -72,6 +72,7 @@ from pgq_supervisor.db.enqueueing import (
     insert_bundle,
 )
 from pgq_supervisor.db.lifecycle import (
+    age_priorities,
     claim,
     end_attempt,
     heartbeat,
@@ -119,6 +120,7 @@ __all__ = [
     "SchemaObjects",
     "TypeControl",
     "TypeLimit",
+    "age_priorities",
     "asynchronous_commit_sql",
     "atomic",
     "atomic_async",

@@ -25,7 +25,8 @@ from pgq_supervisor.db.connection import (
     statement,
     wrapped,
 )
-from pgq_supervisor.db.params import DebounceKeyParams, DebounceParams, dump_json
+from pgq_supervisor.db.option_params import DebounceKeyParams, DebounceParams
+from pgq_supervisor.db.params import dump_json
 from pgq_supervisor.errors import InvalidInput
 from pgq_supervisor.jobs import JobId, NewJob
 

@@ -12,6 +12,13 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import TypedDict
 
+from pgq_supervisor.db.option_params import (
+    AgePrioritiesParams,
+    DebounceKeyParams,
+    DebounceParams,
+    SnoozeParams,
+    UniqueHoldersParams,
+)
 from pgq_supervisor.jobs import BundleId, JobId, LeaseToken
 from pgq_supervisor.jsontext import dump_json as dump_json  # the statements' JSON parameters
 
@@ -52,26 +59,6 @@ class EnqueueRow(TypedDict):
     on_dependency_failure: str | None
     concurrency_key: str | None
     trace_context: str | None
-
-
-class UniqueHoldersParams(TypedDict):
-    """`unique_holders`: per job, its key, window (s) and counted finished states ('a,b')."""
-
-    keys: list[str | None]
-    windows: list[float]
-    states: list[str]
-
-
-class DebounceParams(TypedDict):
-    key: str
-    payload: str
-    start_at: datetime | None
-    priority: int
-
-
-class DebounceKeyParams(TypedDict):
-    id: JobId
-    key: str | None
 
 
 class EnqueueManyParams(TypedDict):
@@ -166,14 +153,6 @@ class EndAttemptParams(TypedDict):
     kind: str
     allow_retry: bool
     delay: float
-
-
-class SnoozeParams(TypedDict):
-    id: JobId
-    lease: LeaseToken
-    delay: float
-    max_snoozes: int
-    error: str
 
 
 class ReleaseParams(TypedDict):
@@ -390,6 +369,7 @@ PARAMS: dict[str, type] = {
     "unique_holders": UniqueHoldersParams,
     "debounce_holder": DebounceParams,
     "set_debounce_key": DebounceKeyParams,
+    "age_priorities": AgePrioritiesParams,
     "release": ReleaseParams,
     "rescue": RescueParams,
     "next_due": TypesParams,

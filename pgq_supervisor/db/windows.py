@@ -22,7 +22,7 @@ from pgq_supervisor.db.connection import (
     statement,
     wrapped,
 )
-from pgq_supervisor.db.params import UniqueHoldersParams
+from pgq_supervisor.db.option_params import UniqueHoldersParams
 from pgq_supervisor.errors import InvalidInput
 from pgq_supervisor.jobs import MAX_DURATION, BundleId, JobId, JobState, NewJob
 

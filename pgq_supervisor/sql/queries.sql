@@ -74,6 +74,23 @@ FROM {schema}.debounce_holder(%(key)s::text, %(payload)s::jsonb, %(start_at)s::t
 -- (job_unique_key_idx lets one unfinished job hold unique_key).
 UPDATE {schema}.job SET debounce_key = %(key)s WHERE id = %(id)s
 
+-- name: age_priorities
+-- Priority aging (aging.py): each pending job of the type that has waited `every` seconds since
+-- it was enqueued or last raised gets one more priority, up to `max_priority`; at most `limit`
+-- per run (the next run takes the rest). Rows a claim holds are skipped (it is taking them),
+-- and the update re-checks the wait, so supervisors that run it at once raise a job once.
+WITH aged AS (
+    SELECT j.id FROM {schema}.job j
+    WHERE j.state = 'pending' AND j.type = %(type)s AND j.priority < %(max_priority)s
+      AND j.updated_at <= now() - make_interval(secs => %(every)s)
+    LIMIT %(limit)s
+    FOR NO KEY UPDATE SKIP LOCKED
+)
+UPDATE {schema}.job j SET priority = j.priority + 1, updated_at = now()
+WHERE j.id = ANY(ARRAY(SELECT a.id FROM aged a)) AND j.state = 'pending'
+  AND j.updated_at <= now() - make_interval(secs => %(every)s)
+RETURNING j.id
+
 -- name: insert_bundle
 INSERT INTO {schema}.job_bundle (id, type, origin, num_jobs, on_complete)
 VALUES (%(id)s, %(type)s, %(origin)s, %(num_jobs)s, %(on_complete)s)

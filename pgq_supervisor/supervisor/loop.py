@@ -158,6 +158,7 @@ class Supervisor:
         self.timers = maintenance_timers(
             settings, self.types, self.services, self.control, self.metrics, self.wake,
             now=now, rng=self.rng, rated=sorted(registry.rates(self.types)), clock=clock,
+            agings=registry.agings(self.types),
         )  # fmt: skip
         self.timers.add(
             Timer(

@@ -1,16 +1,18 @@
 """The job options of docs/job-options.md through the real CLI, under two supervisors at once:
 snoozes in the one-at-a-time loop and in the in-flight loop (sync handlers in its threads,
-async ones on its event loop)."""
+async ones on its event loop), a debounced job behind a running one, priority aging."""
 
 from __future__ import annotations
 
+import threading
 import time
 
+import psycopg
 import pytest
 
 import pgq_supervisor as pgq
 from tests.acceptance.conftest import Conn
-from tests.support.processes import FAST, Supervisor
+from tests.support.processes import FAST, Supervisor, count
 from tests.support.waiting import wait_for
 
 APP = "pgq_semantics_app:registry"
@@ -95,3 +97,39 @@ def test_a_debounced_job_waits_behind_the_running_one_and_runs_the_last_payload(
     assert db.execute("SELECT count(*) FROM pgq.job").fetchone() == (2,)
     for sup in sups:
         assert sup.stop() == 0, sup.log()[-2000:]
+
+
+def test_an_aged_low_priority_job_runs_through_a_steady_high_priority_stream(
+    dsn: str, db: Conn, sups: list[Supervisor]
+) -> None:
+    """A producer keeps priority-3 jobs waiting (faster than one child runs them); the
+    priority-0 job of a type with aging rises and runs, the one of a type without starves."""
+    sup = Supervisor(dsn, APP, "--procs", "1", *FAST)
+    sups.append(sup)
+    sup.wait_ready(1)
+    stop = threading.Event()
+
+    def produce() -> None:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            while not stop.is_set():
+                pgq.enqueue_many(conn, [pgq.NewJob("busy", priority=3) for _ in range(10)])
+                stop.wait(0.1)  # 100 jobs/s: more than one child runs at 20 ms each
+
+    producer = threading.Thread(target=produce)
+    producer.start()
+    try:
+        wait_for("a backlog", lambda: count(dsn, "type = 'busy' AND state = 'pending'") > 20)
+        low = pgq.enqueue(db, "aged", priority=0)
+        starved = pgq.enqueue(db, "unaged", priority=0)
+        wait_for(
+            "the aged job succeeded",
+            lambda: pgq.get_job(db, low).state is pgq.JobState.SUCCEEDED,
+            timeout=60,
+        )
+        assert count(dsn, "type = 'busy' AND state = 'pending'") > 0, "the stream ran dry"
+        assert pgq.get_job(db, starved).state is pgq.JobState.PENDING
+        assert pgq.get_job(db, low).priority >= 3  # level with the stream: older, so first
+    finally:
+        stop.set()
+        producer.join(timeout=30)
+    assert sup.stop() == 0, sup.log()[-2000:]

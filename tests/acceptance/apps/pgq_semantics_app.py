@@ -36,3 +36,18 @@ def reindex(payload: dict[str, float]) -> dict[str, float]:
     started = time.time()
     time.sleep(payload.get("seconds", 1.0))  # the job's simulated work
     return {"version": payload["version"], "start": started, "end": time.time()}
+
+
+@registry.handler("busy")
+def busy(payload: object) -> None:
+    time.sleep(0.02)  # the job's simulated work
+
+
+@registry.handler("aged", aging=(0.3, 10))
+def aged(payload: object) -> None:
+    return None
+
+
+@registry.handler("unaged")
+def unaged(payload: object) -> None:
+    return None
