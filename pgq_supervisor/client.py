@@ -49,6 +49,7 @@ class EnqueueOptions(TypedDict, total=False):
     unique_states: Sequence[str] | None
     replace: bool
     replace_running: Literal["wait", "drop"]
+    ordered_key: str | None
 
 
 class JobOptions(TypedDict, total=False):
@@ -58,6 +59,7 @@ class JobOptions(TypedDict, total=False):
     unique_states: Sequence[str] | None
     replace: bool
     replace_running: Literal["wait", "drop"]
+    ordered_key: str | None
 
 
 def _schema(schema: str | None) -> str:
@@ -112,6 +114,7 @@ def enqueue(
     unique_states: Sequence[str] | None = None,
     replace: bool = False,
     replace_running: Literal["wait", "drop"] = "wait",
+    ordered_key: str | None = None,
     schema: str | None = None,
 ) -> JobId:
     """Insert one job in the caller's transaction and return its id.
@@ -123,6 +126,8 @@ def enqueue(
     see docs/job-options.md). With `replace=True` instead (debounce), the pending job holding
     the key takes this one's payload, start_at and priority; a running holder is left alone and
     this job waits behind it (`replace_running="wait"`) or is dropped (`"drop"`).
+    `ordered_key`: the jobs of one key run one at a time, in enqueue order (a failed one
+    blocks the key until reset or deleted).
     Raises InvalidInput for a bad type name, a payload that is not JSON, or bad options;
     nothing is written then.
 
@@ -138,7 +143,7 @@ def enqueue(
         type, payload, priority, start_at, max_retry_count, unique_key, origin, timeout,
         depends_on, on_dependency_failure, concurrency_key,
         unique_for=unique_for, unique_states=unique_states, replace=replace,
-        replace_running=replace_running,
+        replace_running=replace_running, ordered_key=ordered_key,
     )  # fmt: skip
     c = as_psycopg(conn)
     return db.enqueue(c, _schema(schema), job)
@@ -162,6 +167,7 @@ async def enqueue_async(
     unique_states: Sequence[str] | None = None,
     replace: bool = False,
     replace_running: Literal["wait", "drop"] = "wait",
+    ordered_key: str | None = None,
     schema: str | None = None,
 ) -> JobId:
     """`enqueue` for a psycopg.AsyncConnection."""
@@ -169,7 +175,7 @@ async def enqueue_async(
         type, payload, priority, start_at, max_retry_count, unique_key, origin, timeout,
         depends_on, on_dependency_failure, concurrency_key,
         unique_for=unique_for, unique_states=unique_states, replace=replace,
-        replace_running=replace_running,
+        replace_running=replace_running, ordered_key=ordered_key,
     )  # fmt: skip
     return await db.enqueue_async(await as_psycopg_async(conn), _schema(schema), job)
 

@@ -107,6 +107,9 @@ class NewJob:
     one's payload, start_at and priority instead. A running holder is left alone; this job
     waits behind it (`replace_running="wait"`) or is dropped (`"drop"`: its id is the
     running job's). Not in enqueue_many.
+
+    `ordered_key`: the jobs of one key run one at a time, in enqueue order; a failed one
+    blocks the key until it is reset or deleted.
     """
 
     type: str
@@ -124,6 +127,7 @@ class NewJob:
     unique_states: Sequence[str] | None = None
     replace: bool = False
     replace_running: Literal["wait", "drop"] = "wait"
+    ordered_key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +166,7 @@ class JobRecord:
     snoozes: int = 0  # times its handler snoozed it since it was enqueued or last reset
     # replace=True: the unique_key this job holds while it waits behind the running holder
     debounce_key: str | None = None
+    ordered_key: str | None = None  # its key's jobs run one at a time, in enqueue order
 
     @property
     def attempt(self) -> int:

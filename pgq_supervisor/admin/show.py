@@ -34,7 +34,8 @@ def _text(record: JobRecord, held: NotStarted | None = None) -> str:
     lines = []
     order = [
         "id", "type", "state", "priority", "progress", "current_retry_count", "max_retry_count",
-        "snoozes", "origin", "bundle_id", "unique_key", "debounce_key", "timeout", "worker_id",
+        "snoozes", "origin", "bundle_id", "unique_key", "debounce_key", "ordered_key", "timeout",
+        "worker_id",
         "created_at", "start_at", "started_at", "worker_alive_at", "stopped_at", "updated_at",
         "payload", "result", "error_msg", "error_data",
     ]  # fmt: skip
@@ -76,6 +77,8 @@ def held_back(record: JobRecord) -> str | None:
     if record.debounce_key is not None and record.waiting_on > 0:
         behind = ", ".join(str(d) for d in record.depends_on or ())
         return f"debounced (key {record.debounce_key!r}): waits behind running job {behind}"
+    if record.ordered_key is not None and record.waiting_on > 0 and not record.depends_on:
+        return f"ordered (key {record.ordered_key!r}): waits for the earlier jobs of its key"
     return None
 
 

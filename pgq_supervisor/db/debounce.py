@@ -40,8 +40,8 @@ def check(job: NewJob) -> None:
         raise InvalidInput("replace=True needs a unique_key (the key of the job it replaces)")
     if job.unique_for is not None or job.unique_states is not None:
         raise InvalidInput("replace=True cannot be combined with unique_for or unique_states")
-    if job.depends_on:
-        raise InvalidInput("replace=True cannot be combined with depends_on")
+    if job.depends_on or job.ordered_key is not None:
+        raise InvalidInput("replace=True cannot be combined with depends_on or ordered_key")
     if job.replace_running not in ("wait", "drop"):
         raise InvalidInput(f"replace_running must be 'wait' or 'drop', got {job.replace_running!r}")
 

@@ -42,3 +42,8 @@ class AgePrioritiesParams(TypedDict):
     every: float
     max_priority: int
     limit: int
+
+
+class OrderedLinkParams(TypedDict):
+    ids: list[JobId]
+    keys: list[str]

@@ -16,6 +16,7 @@ from pgq_supervisor.db.option_params import (
     AgePrioritiesParams,
     DebounceKeyParams,
     DebounceParams,
+    OrderedLinkParams,
     SnoozeParams,
     UniqueHoldersParams,
 )
@@ -370,6 +371,7 @@ PARAMS: dict[str, type] = {
     "debounce_holder": DebounceParams,
     "set_debounce_key": DebounceKeyParams,
     "age_priorities": AgePrioritiesParams,
+    "ordered_link": OrderedLinkParams,
     "release": ReleaseParams,
     "rescue": RescueParams,
     "next_due": TypesParams,

@@ -22,7 +22,7 @@ from pgq_supervisor.db.connection import (
     statement,
     wrapped,
 )
-from pgq_supervisor.db.option_params import UniqueHoldersParams
+from pgq_supervisor.db.option_params import OrderedLinkParams, UniqueHoldersParams
 from pgq_supervisor.errors import InvalidInput
 from pgq_supervisor.jobs import MAX_DURATION, BundleId, JobId, JobState, NewJob
 
@@ -101,6 +101,12 @@ def enqueue(conn: Conn, schema: str, job: NewJob) -> JobId:
     (debounce.py's with replace=True)."""
     if job.replace:
         return debounce.enqueue(conn, schema, job)
+    if job.ordered_key is not None:
+        check_ordered(job)
+        with atomic(conn):
+            job_id = enqueueing.enqueue(conn, schema, job)
+            _link(conn, schema, [job_id], [job.ordered_key])
+            return job_id
     if not _windowed(job):
         return enqueueing.enqueue(conn, schema, job)
     check(job)
@@ -115,6 +121,14 @@ async def enqueue_async(conn: AsyncConn, schema: str, job: NewJob) -> JobId:
     """`enqueue` on an async connection."""
     if job.replace:
         return await debounce.enqueue_async(conn, schema, job)
+    if job.ordered_key is not None:
+        check_ordered(job)
+        async with atomic_async(conn):
+            job_id = await enqueueing.enqueue_async(conn, schema, job)
+            link: OrderedLinkParams = {"ids": [job_id], "keys": [job.ordered_key]}
+            with wrapped():
+                await conn.execute(statement("ordered_link", schema), link)
+            return job_id
     if not _windowed(job):
         return await enqueueing.enqueue_async(conn, schema, job)
     check(job)
@@ -131,9 +145,20 @@ def enqueue_many(
     """enqueueing.enqueue_many; the windowed jobs of the batch whose key is held get the
     holder's id and are not inserted. Ids in input order."""
     # one pass over the batch for every option this module handles: the bulk path's only cost
-    windowed = [
-        j for j in jobs if j.unique_for is not None or j.unique_states is not None or j.replace
+    flagged = [
+        j
+        for j in jobs
+        if j.unique_for is not None
+        or j.unique_states is not None
+        or j.replace
+        or j.ordered_key is not None
     ]
+    if not flagged:
+        return enqueueing.enqueue_many(conn, schema, jobs, bundle_id)
+    ordered = [j for j in flagged if j.ordered_key is not None]
+    if ordered:
+        return _enqueue_many_ordered(conn, schema, jobs, bundle_id, ordered)
+    windowed = flagged
     if any(j.replace for j in windowed):
         # each replacement is a look-up and a write under the key's lock: one job at a time
         raise InvalidInput("replace=True is for enqueue and enqueue_async, not enqueue_many")
@@ -150,3 +175,38 @@ def enqueue_many(
             key = job.unique_key
             out.append(held[key] if _windowed(job) and key in held else next(inserted))
         return out
+
+
+def check_ordered(job: NewJob) -> None:
+    """InvalidInput unless the job's ordered_key is a key and it has no option it contradicts."""
+    key = job.ordered_key
+    if not isinstance(key, str) or not 1 <= len(key) <= 200 or "\x00" in key:
+        raise InvalidInput(f"ordered_key must be a string of 1 to 200 characters, got {key!r}")
+    if job.depends_on or job.unique_key is not None:
+        raise InvalidInput("ordered_key cannot be combined with depends_on or unique_key")
+
+
+def _link(conn: Conn, schema: str, ids: list[JobId], keys: list[str]) -> None:
+    params: OrderedLinkParams = {"ids": ids, "keys": keys}
+    with wrapped():
+        conn.execute(statement("ordered_link", schema), params)
+
+
+def _enqueue_many_ordered(
+    conn: Conn,
+    schema: str,
+    jobs: Sequence[NewJob],
+    bundle_id: BundleId | None,
+    ordered: Sequence[NewJob],
+) -> list[JobId]:
+    """The batch inserted (ids ascending: its enqueue order), then its ordered jobs linked in
+    that order, in one transaction."""
+    for job in ordered:
+        check_ordered(job)
+    if any(_windowed(j) or j.replace for j in jobs):
+        raise InvalidInput("a batch with ordered_key jobs cannot have unique_for or replace jobs")
+    with atomic(conn):
+        ids = enqueueing.enqueue_many(conn, schema, jobs, bundle_id)
+        pairs = [(i, j.ordered_key) for i, j in zip(ids, jobs, strict=True) if j.ordered_key]
+        _link(conn, schema, [i for i, _ in pairs], [k for _, k in pairs])
+        return ids

@@ -91,6 +91,14 @@ WHERE j.id = ANY(ARRAY(SELECT a.id FROM aged a)) AND j.state = 'pending'
   AND j.updated_at <= now() - make_interval(secs => %(every)s)
 RETURNING j.id
 
+-- name: ordered_link
+-- Strict order per key (schema/0020): right after inserting jobs with an ordered_key, in the
+-- same transaction and in their enqueue order, give each its key (waiting behind the key's
+-- head, if any).
+SELECT {schema}.ordered_link(l.id, l.key)
+FROM unnest(%(ids)s::uuid[], %(keys)s::text[]) WITH ORDINALITY AS l(id, key, n)
+ORDER BY l.n
+
 -- name: insert_bundle
 INSERT INTO {schema}.job_bundle (id, type, origin, num_jobs, on_complete)
 VALUES (%(id)s, %(type)s, %(origin)s, %(num_jobs)s, %(on_complete)s)
@@ -418,7 +426,7 @@ SELECT id, bundle_id, type, payload, priority, origin, state, max_retry_count,
        current_retry_count, start_at, started_at, stopped_at, worker_alive_at, worker_id,
        timeout, unique_key, result, error_msg, error_data, attempts, created_at, updated_at,
        progress, waiting_on, depends_on, on_dependency_failure, has_dependents, concurrency_key,
-       trace_context, snoozes, debounce_key
+       trace_context, snoozes, debounce_key, ordered_key
 FROM {schema}.job WHERE id = %(id)s
 
 -- name: job_states
@@ -430,7 +438,7 @@ SELECT id, bundle_id, type, payload, priority, origin, state, max_retry_count,
        current_retry_count, start_at, started_at, stopped_at, worker_alive_at, worker_id,
        timeout, unique_key, result, error_msg, error_data, attempts, created_at, updated_at,
        progress, waiting_on, depends_on, on_dependency_failure, has_dependents, concurrency_key,
-       trace_context, snoozes, debounce_key
+       trace_context, snoozes, debounce_key, ordered_key
 FROM {schema}.job WHERE id = ANY(%(ids)s::uuid[])
 
 -- name: set_progress
@@ -470,7 +478,7 @@ SELECT id, bundle_id, type, payload, priority, origin, state, max_retry_count,
        current_retry_count, start_at, started_at, stopped_at, worker_alive_at, worker_id,
        timeout, unique_key, result, error_msg, error_data, attempts, created_at, updated_at,
        progress, waiting_on, depends_on, on_dependency_failure, has_dependents, concurrency_key,
-       trace_context, snoozes, debounce_key
+       trace_context, snoozes, debounce_key, ordered_key
 FROM {schema}.job
 WHERE state = %(state)s AND (%(type)s::text IS NULL OR type = %(type)s)
 ORDER BY updated_at DESC

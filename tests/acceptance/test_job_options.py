@@ -4,6 +4,7 @@ async ones on its event loop), a debounced job behind a running one, priority ag
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 
@@ -133,3 +134,29 @@ def test_an_aged_low_priority_job_runs_through_a_steady_high_priority_stream(
         stop.set()
         producer.join(timeout=30)
     assert sup.stop() == 0, sup.log()[-2000:]
+
+
+def test_the_jobs_of_an_ordered_key_run_one_at_a_time_across_supervisors(
+    dsn: str, db: Conn, sups: list[Supervisor]
+) -> None:
+    for _ in range(2):
+        sups.append(Supervisor(dsn, APP, "--procs", "2", "--concurrency", "4", *FAST))
+    for sup in sups:
+        sup.wait_ready(2)
+    jobs = [pgq.NewJob("in_order", {"n": n}, ordered_key=f"acct-{n % 3}") for n in range(24)]
+    jobs += [pgq.NewJob("in_order", {"n": 100 + n}) for n in range(12)]  # free: in parallel
+    pgq.enqueue_many(db, jobs)
+    wait_for("all succeeded", lambda: count(dsn, "state = 'succeeded'") == 36, timeout=60)
+    for k in range(3):
+        rows = db.execute(
+            "SELECT (payload ->> 'n')::int, (result ->> 'start')::float8,"
+            " (result ->> 'end')::float8 FROM pgq.job WHERE ordered_key = %s"
+            " ORDER BY (result ->> 'start')::float8",
+            (f"acct-{k}",),
+        ).fetchall()
+        assert [r[0] for r in rows] == list(range(k, 24, 3)), "out of enqueue order"
+        spans = [(r[0], float(str(r[1])), float(str(r[2]))) for r in rows]
+        for before, after in itertools.pairwise(spans):
+            assert after[1] >= before[2], f"acct-{k}: {after[0]} started before {before[0]} ended"
+    for sup in sups:
+        assert sup.stop() == 0, sup.log()[-2000:]

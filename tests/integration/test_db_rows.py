@@ -74,7 +74,9 @@ def test_get_job_reads_every_column_by_name(conn: Conn) -> None:
     # enqueue writes it only under a recording OpenTelemetry span (test_tracing.py)
     conn.execute("UPDATE pgq.job SET trace_context = 'tp' WHERE id = %s", (job_id,))
     # set only on a debounced job that waits behind a running one (test_debounce.py)
-    conn.execute("UPDATE pgq.job SET debounce_key = 'dk' WHERE id = %s", (job_id,))
+    conn.execute(
+        "UPDATE pgq.job SET debounce_key = 'dk', ordered_key = 'ok' WHERE id = %s", (job_id,)
+    )
     seen |= _assert_record_is_the_row(conn, db.get_job(conn, SCHEMA, job_id))
     assert db.succeed(conn, SCHEMA, running.lease, [(running.id, '{"ok": true}')]) == {job_id}
     seen |= _assert_record_is_the_row(conn, db.get_job(conn, SCHEMA, job_id))

@@ -51,3 +51,10 @@ def aged(payload: object) -> None:
 @registry.handler("unaged")
 def unaged(payload: object) -> None:
     return None
+
+
+@registry.handler("in_order")
+def in_order(payload: dict[str, int]) -> dict[str, float]:
+    started = time.time()
+    time.sleep(0.03)  # the job's simulated work: long enough for runs to overlap if allowed
+    return {"start": started, "end": time.time()}
