@@ -27,6 +27,7 @@ from pgq_supervisor.errors import (
     LeaseLost,
     PermanentError,
     PgqError,
+    Snooze,
 )
 from pgq_supervisor.frameworks import AsyncConnLike, ConnLike
 from pgq_supervisor.jobs import (
@@ -65,6 +66,7 @@ __all__ = [
     "Producer",
     "Registry",
     "RetryPolicy",
+    "Snooze",
     "TypeStats",
     "cancel_job",
     "delete_finished",

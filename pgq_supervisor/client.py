@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, TypedDict, Unpack, overload
+from typing import TYPE_CHECKING, Literal, TypedDict, Unpack, overload
 
 from pgq_supervisor import db
 from pgq_supervisor import schema as migrations
@@ -45,6 +45,21 @@ class EnqueueOptions(TypedDict, total=False):
     depends_on: Sequence[JobId]
     on_dependency_failure: DependencyFailure
     concurrency_key: str | None
+    unique_for: float | timedelta | None
+    unique_states: Sequence[str] | None
+    replace: bool
+    replace_running: Literal["wait", "drop"]
+    ordered_key: str | None
+
+
+class JobOptions(TypedDict, total=False):
+    """The job options of docs/job-options.md, passed through to NewJob as given."""
+
+    unique_for: float | timedelta | None
+    unique_states: Sequence[str] | None
+    replace: bool
+    replace_running: Literal["wait", "drop"]
+    ordered_key: str | None
 
 
 def _schema(schema: str | None) -> str:
@@ -63,6 +78,7 @@ def _new_job(
     depends_on: Sequence[JobId],
     on_dependency_failure: DependencyFailure,
     concurrency_key: str | None,
+    **options: Unpack[JobOptions],
 ) -> NewJob:
     return NewJob(
         type=type_,
@@ -76,6 +92,7 @@ def _new_job(
         depends_on=depends_on,
         on_dependency_failure=on_dependency_failure,
         concurrency_key=concurrency_key,
+        **options,
     )
 
 
@@ -93,13 +110,26 @@ def enqueue(
     depends_on: Sequence[JobId] = (),
     on_dependency_failure: DependencyFailure = "cancel",
     concurrency_key: str | None = None,
+    unique_for: float | timedelta | None = None,
+    unique_states: Sequence[str] | None = None,
+    replace: bool = False,
+    replace_running: Literal["wait", "drop"] = "wait",
+    ordered_key: str | None = None,
     schema: str | None = None,
 ) -> JobId:
     """Insert one job in the caller's transaction and return its id.
 
     With `unique_key` set and an unfinished job already holding that key, nothing is
-    inserted and the existing job's id is returned. Raises InvalidInput for a bad type name,
-    a payload that is not JSON, or bad options; nothing is written then.
+    inserted and the existing job's id is returned. With `unique_for` (seconds or a
+    timedelta) too, a job of the key that finished within that time of its enqueue, in one of
+    `unique_states` (default: pending, running, succeeded), holds it as well (a dedup window;
+    see docs/job-options.md). With `replace=True` instead (debounce), the pending job holding
+    the key takes this one's payload, start_at and priority; a running holder is left alone and
+    this job waits behind it (`replace_running="wait"`) or is dropped (`"drop"`).
+    `ordered_key`: the jobs of one key run one at a time, in enqueue order (a failed one
+    blocks the key until reset or deleted).
+    Raises InvalidInput for a bad type name, a payload that is not JSON, or bad options;
+    nothing is written then.
 
     With `depends_on`, the job is claimed only once every one of those jobs has succeeded;
     if one fails or is cancelled, this job is cancelled ("dependency <id> failed"), or runs
@@ -112,6 +142,8 @@ def enqueue(
     job = _new_job(
         type, payload, priority, start_at, max_retry_count, unique_key, origin, timeout,
         depends_on, on_dependency_failure, concurrency_key,
+        unique_for=unique_for, unique_states=unique_states, replace=replace,
+        replace_running=replace_running, ordered_key=ordered_key,
     )  # fmt: skip
     c = as_psycopg(conn)
     return db.enqueue(c, _schema(schema), job)
@@ -131,12 +163,19 @@ async def enqueue_async(
     depends_on: Sequence[JobId] = (),
     on_dependency_failure: DependencyFailure = "cancel",
     concurrency_key: str | None = None,
+    unique_for: float | timedelta | None = None,
+    unique_states: Sequence[str] | None = None,
+    replace: bool = False,
+    replace_running: Literal["wait", "drop"] = "wait",
+    ordered_key: str | None = None,
     schema: str | None = None,
 ) -> JobId:
     """`enqueue` for a psycopg.AsyncConnection."""
     job = _new_job(
         type, payload, priority, start_at, max_retry_count, unique_key, origin, timeout,
         depends_on, on_dependency_failure, concurrency_key,
+        unique_for=unique_for, unique_states=unique_states, replace=replace,
+        replace_running=replace_running, ordered_key=ordered_key,
     )  # fmt: skip
     return await db.enqueue_async(await as_psycopg_async(conn), _schema(schema), job)
 

@@ -66,3 +66,19 @@ class PermanentError(PgqError):
     def __init__(self, message: str = "permanent error", *, data: object = None) -> None:
         super().__init__(message)
         self.data = data
+
+
+class Snooze(PgqError):
+    """Raised (or returned) by a handler: put this job back, to run again in `seconds`.
+
+    Not a failure: no attempt is counted and no retry is used. Each snooze is kept in the
+    job's attempt history; past its type's `max_snoozes` the job fails instead.
+    """
+
+    def __init__(self, seconds: float) -> None:
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+            raise TypeError(f"Snooze takes a number of seconds, got {seconds!r}")
+        if not 0 <= seconds <= 100 * 365 * 86_400.0:  # nan compares false: refused too
+            raise ValueError(f"Snooze: seconds must be from 0 to 100 years, got {seconds!r}")
+        super().__init__(f"snoozed for {seconds:g} s")
+        self.seconds = float(seconds)

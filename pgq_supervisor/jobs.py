@@ -7,7 +7,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Literal, NewType
 from uuid import UUID
 
@@ -50,6 +50,7 @@ class AttemptKind(enum.StrEnum):
     WORKER_DEATH = "worker_death"  # the child died (signal, exit) while running the job
     RESCUED = "rescued"  # the heartbeat went stale (a whole pod died, a child hung)
     CANCELLED = "cancelled"  # cancelled while running (cancel_job): never retried
+    SNOOZED = "snoozed"  # the handler snoozed the job (pgq.Snooze): not counted as an attempt
 
 
 class OutcomeKind(enum.StrEnum):
@@ -59,6 +60,7 @@ class OutcomeKind(enum.StrEnum):
     RETRIED = "retried"
     FAILED = "failed"
     LOST = "lost"  # the lease was lost: another worker owns the job, nothing was written
+    SNOOZED = "snoozed"  # the handler snoozed it: pending again after its delay
 
 
 # The longest duration taken anywhere (a start delay, a retention, a purge, a setting): a
@@ -96,6 +98,18 @@ class NewJob:
 
     `concurrency_key`: with a handler declaring `key_concurrency=N`, at most N jobs of the
     type with this key run at once, started in claim order (ignored by other handlers).
+
+    `unique_for` (seconds or a timedelta; needs `unique_key`): a dedup window. Besides an
+    unfinished job holding the key, a finished one created within the window in one of
+    `unique_states` (default: succeeded) also holds it: the enqueue returns its id.
+
+    `replace=True` (needs `unique_key`; debounce): the pending job holding the key gets this
+    one's payload, start_at and priority instead. A running holder is left alone; this job
+    waits behind it (`replace_running="wait"`) or is dropped (`"drop"`: its id is the
+    running job's). Not in enqueue_many.
+
+    `ordered_key`: the jobs of one key run one at a time, in enqueue order; a failed one
+    blocks the key until it is reset or deleted.
     """
 
     type: str
@@ -109,6 +123,11 @@ class NewJob:
     depends_on: Sequence[JobId] = ()
     on_dependency_failure: DependencyFailure = "cancel"
     concurrency_key: str | None = None
+    unique_for: float | timedelta | None = None
+    unique_states: Sequence[str] | None = None
+    replace: bool = False
+    replace_running: Literal["wait", "drop"] = "wait"
+    ordered_key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +163,10 @@ class JobRecord:
     has_dependents: bool = False
     concurrency_key: str | None = None
     trace_context: str | None = None  # W3C traceparent at enqueue (OpenTelemetry)
+    snoozes: int = 0  # times its handler snoozed it since it was enqueued or last reset
+    # replace=True: the unique_key this job holds while it waits behind the running holder
+    debounce_key: str | None = None
+    ordered_key: str | None = None  # its key's jobs run one at a time, in enqueue order
 
     @property
     def attempt(self) -> int:

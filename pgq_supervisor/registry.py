@@ -19,13 +19,17 @@ from typing import TypeVar
 
 import pydantic
 
+from pgq_supervisor.aging import Aging
 from pgq_supervisor.errors import AppLoadError, ConfigError, InvalidInput
 from pgq_supervisor.jobs import Job, JsonValue, check_type_name
+from pgq_supervisor.limits import Limits, Rate
 from pgq_supervisor.periodic import Schedule
 
 F = TypeVar("F", bound=Callable[..., object])
 
 DEFAULT_MAX_RETRY_COUNT = 3
+# A handler snoozing its job more often than this waits for something that does not come.
+DEFAULT_MAX_SNOOZES = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +62,7 @@ class Policy:
     timeout: float | None
     max_retry_count: int
     backoff: Backoff
+    max_snoozes: int = DEFAULT_MAX_SNOOZES  # pgq.Snooze: past this many, the job fails
 
     def timeout_for(self, job: Job) -> float | None:
         """The job's own timeout if it was enqueued with one, else the handler's."""
@@ -74,66 +79,6 @@ def _no_retry(attempt: int, rng: random.Random) -> float:
 
 # A job whose type has no handler here: it fails at once, under its own timeout if any.
 UNHANDLED = Policy(timeout=None, max_retry_count=0, backoff=_no_retry)
-
-
-@dataclass(frozen=True, slots=True)
-class Rate:
-    """At most `max_starts` starts of a type per `period` seconds, across every supervisor: no
-    window of `period` seconds (by the jobs' started_at, the database clock) holds more. The
-    window slides in steps of period / 20 (schema/0007), so a full window frees up at most
-    that much later than it could."""
-
-    max_starts: int
-    period: float
-
-    @classmethod
-    def parse(cls, type_: str, rate: object) -> Rate:
-        """`(N, period)` with N a positive integer and period seconds or a timedelta, > 0;
-        ConfigError otherwise."""
-        if isinstance(rate, tuple | list) and len(rate) == 2:
-            n, period = rate
-            if isinstance(period, timedelta):
-                period = period.total_seconds()
-            if (
-                isinstance(n, int)
-                and not isinstance(n, bool)
-                and n > 0
-                and isinstance(period, int | float)
-                and not isinstance(period, bool)
-                and math.isfinite(period)
-                and period > 0
-            ):
-                return cls(n, float(period))
-        raise ConfigError(
-            f"handler {type_!r}: rate must be (max_starts, period) with max_starts an integer"
-            f" > 0 and period seconds or a timedelta > 0, got {rate!r}"
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class Limits:
-    """Concurrency limits of a type, across every supervisor (schema/0008): at most `global_`
-    of its jobs running at once, and at most `per_key` running with one concurrency_key (jobs
-    of one key start in claim order). None: no such limit."""
-
-    global_: int | None
-    per_key: int | None
-
-    @classmethod
-    def parse(cls, type_: str, global_: object, per_key: object) -> Limits | None:
-        """None when neither is given; ConfigError unless each given one is an integer > 0."""
-        for name, value in (("global_concurrency", global_), ("key_concurrency", per_key)):
-            if value is not None and (
-                not isinstance(value, int) or isinstance(value, bool) or value <= 0
-            ):
-                raise ConfigError(
-                    f"handler {type_!r}: {name} must be an integer > 0, got {value!r}"
-                )
-        if global_ is None and per_key is None:
-            return None
-        assert global_ is None or isinstance(global_, int)
-        assert per_key is None or isinstance(per_key, int)
-        return cls(global_, per_key)
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +102,7 @@ class Handler:
     limits: Limits | None = None
     concurrency: int | None = None  # at most this many of the type in flight in one child
     ephemeral: bool = False  # its jobs are deleted at success (no history row)
+    aging: Aging | None = None  # its pending jobs' priority rises with their wait
 
     @property
     def is_async(self) -> bool:
@@ -214,6 +160,8 @@ class Registry:
         key_concurrency: int | None = None,
         concurrency: int | None = None,
         ephemeral: bool = False,
+        max_snoozes: int = DEFAULT_MAX_SNOOZES,
+        aging: tuple[float | timedelta, int] | None = None,
     ) -> Callable[[F], F]:
         """Register the decorated function as the handler of `type_`. `rate=(N, period)`: at
         most N starts of the type per period (seconds or timedelta) across all supervisors
@@ -222,8 +170,10 @@ class Registry:
         Limits). `concurrency=N`: at most N jobs of the type in flight in one child (the
         `concurrency` setting caps them all). `ephemeral=True`: a job of the type leaves no
         row when it succeeds (deleted by its completion; one in a bundle or with dependents is
-        kept, as succeeded, for them); failures are kept as usual. ConfigError for an invalid
-        option."""
+        kept, as succeeded, for them); failures are kept as usual. `max_snoozes=N`: a job its
+        handler snoozes (pgq.Snooze) more than N times fails. `aging=(every, max_priority)`: a
+        pending job's priority rises by one per `every` it waits, up to max_priority (see
+        Aging). ConfigError for an invalid option."""
         try:
             check_type_name(type_)
         except ValueError as exc:
@@ -234,21 +184,27 @@ class Registry:
             raise ConfigError(f"handler {type_!r}: max_retry_count must be >= 0")
         parsed_rate = None if rate is None else Rate.parse(type_, rate)
         limits = Limits.parse(type_, global_concurrency, key_concurrency)
+        parsed_aging = None if aging is None else Aging.parse(type_, aging)
         if concurrency is not None and (
             isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
         ):
             raise ConfigError(f"handler {type_!r}: concurrency must be an integer >= 1")
+        if isinstance(max_snoozes, bool) or not isinstance(max_snoozes, int) or max_snoozes < 0:
+            raise ConfigError(f"handler {type_!r}: max_snoozes must be an integer >= 0")
 
         def register(func: F) -> F:
             if type_ in self.handlers:
                 raise ConfigError(f"job type {type_!r} has two handlers")
             handler = _make_handler(type_, func, timeout, max_retry_count, retry or RetryPolicy())
+            policy = dataclasses.replace(handler.policy, max_snoozes=max_snoozes)
             self.handlers[type_] = dataclasses.replace(
                 handler,
+                policy=policy,
                 rate=parsed_rate,
                 limits=limits,
                 concurrency=concurrency,
                 ephemeral=bool(ephemeral),
+                aging=parsed_aging,
             )
             return func
 
@@ -336,6 +292,10 @@ class Registry:
         """The rates of those of `types` that have one."""
         found = {t: self.handlers[t].rate for t in types if t in self.handlers}
         return {t: r for t, r in found.items() if r is not None}
+
+    def agings(self, types: Sequence[str]) -> dict[str, Aging]:
+        """The priority aging of those of `types` that have one."""
+        return {t: a for t in types if t in self.handlers and (a := self.handlers[t].aging)}
 
     def limits(self, types: Sequence[str]) -> dict[str, Limits]:
         """The concurrency limits of those of `types` that have some."""

@@ -120,6 +120,10 @@ class DrainResult:
     def retried(self) -> int:
         return self.count(OutcomeKind.RETRIED)
 
+    @property
+    def snoozed(self) -> int:
+        return self.count(OutcomeKind.SNOOZED)
+
 
 class _Drain:
     """One drain: claims, runs and settles on the caller's connection. Off autocommit (a test

@@ -34,14 +34,15 @@ def _text(record: JobRecord, held: NotStarted | None = None) -> str:
     lines = []
     order = [
         "id", "type", "state", "priority", "progress", "current_retry_count", "max_retry_count",
-        "origin", "bundle_id", "unique_key", "timeout", "worker_id", "created_at", "start_at",
-        "started_at", "worker_alive_at", "stopped_at", "updated_at", "payload", "result",
-        "error_msg", "error_data",
+        "snoozes", "origin", "bundle_id", "unique_key", "debounce_key", "ordered_key", "timeout",
+        "worker_id",
+        "created_at", "start_at", "started_at", "worker_alive_at", "stopped_at", "updated_at",
+        "payload", "result", "error_msg", "error_data",
     ]  # fmt: skip
     width = max(len(k) for k in order)
     for key in order:
         value = doc[key]
-        if value is None:
+        if value is None or (key == "snoozes" and value == 0):
             continue
         shown = value if isinstance(value, str) else json.dumps(value)
         if key == "progress":
@@ -49,10 +50,16 @@ def _text(record: JobRecord, held: NotStarted | None = None) -> str:
         lines.append(f"{key.ljust(width)}  {shown}")
         if key == "state" and held is not None:
             lines.append(f"{''.ljust(width)}  {held.text()}")
+        if key == "state" and (reason := held_back(record)) is not None:
+            lines.append(f"{''.ljust(width)}  held back: {reason}")
         if key == "state":  # numbered from 1, as Job.attempt and the dashboard number it
             budget = "" if record.max_retry_count is None else f" of {record.max_retry_count + 1}"
             lines.append(f"{'attempt'.ljust(width)}  {record.attempt}{budget}")
-    lines.append(f"attempts ({len(record.attempts)} failed)" + (":" if record.attempts else ""))
+    snoozes = sum(1 for a in record.attempts if isinstance(a, dict) and a.get("kind") == "snoozed")
+    failed = f"{len(record.attempts) - snoozes} failed" + (
+        f", {snoozes} snoozed" if snoozes else ""
+    )
+    lines.append(f"attempts ({failed})" + (":" if record.attempts else ""))
     for attempt in record.attempts:
         a = attempt if isinstance(attempt, dict) else {}
         error = str(a.get("error") or "").strip().splitlines()
@@ -61,6 +68,21 @@ def _text(record: JobRecord, held: NotStarted | None = None) -> str:
             f"  worker {a.get('worker') or '-'}  {error[0] if error else ''}".rstrip()
         )
     return "\n".join(lines)
+
+
+def held_back(record: JobRecord) -> str | None:
+    """Why a pending job is not claimable yet, when one of the job options holds it back."""
+    if record.state is not JobState.PENDING:
+        return None
+    last = record.attempts[-1] if record.attempts else None
+    if isinstance(last, dict) and last.get("kind") == "snoozed":
+        return f"snoozed (snooze {record.snoozes}) until {record.start_at.isoformat()}"
+    if record.debounce_key is not None and record.waiting_on > 0:
+        behind = ", ".join(str(d) for d in record.depends_on or ())
+        return f"debounced (key {record.debounce_key!r}): waits behind running job {behind}"
+    if record.ordered_key is not None and record.waiting_on > 0 and not record.depends_on:
+        return f"ordered (key {record.ordered_key!r}): waits for the earlier jobs of its key"
+    return None
 
 
 def cmd_show(args: argparse.Namespace, settings: Settings) -> int:

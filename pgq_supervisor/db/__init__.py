@@ -79,14 +79,12 @@ from pgq_supervisor.db.dashboard import (
     type_throughput,
 )
 from pgq_supervisor.db.enqueueing import (
-    enqueue,
-    enqueue_async,
-    enqueue_many,
     enqueue_many_params,
     enqueue_params,
     insert_bundle,
 )
 from pgq_supervisor.db.lifecycle import (
+    age_priorities,
     claim,
     end_attempt,
     heartbeat,
@@ -94,6 +92,7 @@ from pgq_supervisor.db.lifecycle import (
     next_due,
     release,
     rescue,
+    snooze,
     succeed,
     succeed_and_claim,
     succeed_async,
@@ -122,6 +121,7 @@ from pgq_supervisor.db.watching import (
     job_states_async,
     set_progress,
 )
+from pgq_supervisor.db.windows import enqueue, enqueue_async, enqueue_many
 from pgq_supervisor.redaction import redact
 
 __all__ = [
@@ -139,6 +139,7 @@ __all__ = [
     "SearchTimedOut",
     "TypeControl",
     "TypeLimit",
+    "age_priorities",
     "asynchronous_commit_sql",
     "atomic",
     "atomic_async",
@@ -206,6 +207,7 @@ __all__ = [
     "schedule_states",
     "schema_objects",
     "set_progress",
+    "snooze",
     "succeed",
     "succeed_and_claim",
     "succeed_async",

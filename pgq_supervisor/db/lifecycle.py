@@ -12,6 +12,7 @@ from psycopg.rows import scalar_row, tuple_row
 
 from pgq_supervisor.db import rows
 from pgq_supervisor.db.connection import AsyncConn, Conn, cursor, cursor_async, statement, wrapped
+from pgq_supervisor.db.option_params import AgePrioritiesParams, SnoozeParams
 from pgq_supervisor.db.params import (
     ClaimParams,
     EndAttemptParams,
@@ -192,6 +193,30 @@ def end_attempt(
         return cur.execute(statement("end_attempt", schema), params).fetchall()
 
 
+def snooze(
+    conn: Conn,
+    schema: str,
+    job_id: JobId,
+    *,
+    lease: LeaseToken,
+    delay: float,
+    max_snoozes: int,
+    error: str,
+) -> list[EndedAttempt]:
+    """Snooze the job held under `lease`: pending again in `delay` seconds, no attempt counted;
+    if it has snoozed `max_snoozes` times already, failed with `error` instead. No row: the
+    lease was lost and nothing was written."""
+    params: SnoozeParams = {
+        "id": job_id,
+        "lease": lease,
+        "delay": max(0.0, delay),
+        "max_snoozes": max_snoozes,
+        "error": error,
+    }
+    with wrapped(), cursor(conn, rows.ENDED_ATTEMPT) as cur:
+        return cur.execute(statement("snooze", schema), params).fetchall()
+
+
 def release(
     conn: Conn,
     schema: str,
@@ -227,3 +252,18 @@ def next_due(conn: Conn, schema: str, types: Sequence[str]) -> float | None:
     with wrapped(), cursor(conn, scalar_row) as cur:
         seconds: float | None = cur.execute(statement("next_due", schema), params).fetchone()
     return None if seconds is None else float(seconds)
+
+
+def age_priorities(
+    conn: Conn, schema: str, type_: str, *, every: float, max_priority: int, limit: int
+) -> int:
+    """Raise by one the priority of up to `limit` pending `type_` jobs that waited `every`
+    seconds since enqueued or last raised, below `max_priority`; returns how many."""
+    params: AgePrioritiesParams = {
+        "type": type_,
+        "every": every,
+        "max_priority": max_priority,
+        "limit": limit,
+    }
+    with wrapped(), cursor(conn, scalar_row) as cur:
+        return len(cur.execute(statement("age_priorities", schema), params).fetchall())

@@ -12,6 +12,14 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import TypedDict
 
+from pgq_supervisor.db.option_params import (
+    AgePrioritiesParams,
+    DebounceKeyParams,
+    DebounceParams,
+    OrderedLinkParams,
+    SnoozeParams,
+    UniqueHoldersParams,
+)
 from pgq_supervisor.jobs import BundleId, JobId, LeaseToken
 from pgq_supervisor.jsontext import dump_json as dump_json  # the statements' JSON parameters
 
@@ -339,6 +347,12 @@ PARAMS: dict[str, type] = {
     "succeed": SucceedParams,
     "succeed_and_claim": SucceedAndClaimParams,
     "end_attempt": EndAttemptParams,
+    "snooze": SnoozeParams,
+    "unique_holders": UniqueHoldersParams,
+    "debounce_holder": DebounceParams,
+    "set_debounce_key": DebounceKeyParams,
+    "age_priorities": AgePrioritiesParams,
+    "ordered_link": OrderedLinkParams,
     "release": ReleaseParams,
     "rescue": RescueParams,
     "next_due": TypesParams,

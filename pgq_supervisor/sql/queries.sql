@@ -56,6 +56,49 @@ SELECT {schema}.link_dependencies(%(jobs)s::uuid[], %(deps)s::uuid[])
 SELECT unique_key, id FROM {schema}.job
 WHERE unique_key = ANY(%(keys)s::text[]) AND state IN ('pending', 'running')
 
+-- name: unique_holders
+-- Dedup windows (schema/0018): the job holding each key, the keys locked until the caller's
+-- transaction ends.
+SELECT unique_key, id
+FROM {schema}.unique_holders(%(keys)s::text[], %(windows)s::float8[], %(states)s::text[])
+
+-- name: debounce_holder
+-- Debounce (schema/0019): replace the pending holder of the key, or name the running one; no
+-- row: the key is free. The key stays locked until the caller's transaction ends.
+SELECT action, id
+FROM {schema}.debounce_holder(%(key)s::text, %(payload)s::jsonb, %(start_at)s::timestamptz,
+                              %(priority)s::int)
+
+-- name: set_debounce_key
+-- The job just inserted to wait behind the running holder of the key holds the key here
+-- (job_unique_key_idx lets one unfinished job hold unique_key).
+UPDATE {schema}.job SET debounce_key = %(key)s WHERE id = %(id)s
+
+-- name: age_priorities
+-- Priority aging (aging.py): each pending job of the type that has waited `every` seconds since
+-- it was enqueued or last raised gets one more priority, up to `max_priority`; at most `limit`
+-- per run (the next run takes the rest). Rows a claim holds are skipped (it is taking them),
+-- and the update re-checks the wait, so supervisors that run it at once raise a job once.
+WITH aged AS (
+    SELECT j.id FROM {schema}.job j
+    WHERE j.state = 'pending' AND j.type = %(type)s AND j.priority < %(max_priority)s
+      AND j.updated_at <= now() - make_interval(secs => %(every)s)
+    LIMIT %(limit)s
+    FOR NO KEY UPDATE SKIP LOCKED
+)
+UPDATE {schema}.job j SET priority = j.priority + 1, updated_at = now()
+WHERE j.id = ANY(ARRAY(SELECT a.id FROM aged a)) AND j.state = 'pending'
+  AND j.updated_at <= now() - make_interval(secs => %(every)s)
+RETURNING j.id
+
+-- name: ordered_link
+-- Strict order per key (schema/0019): right after inserting jobs with an ordered_key, in the
+-- same transaction and in their enqueue order, give each its key (waiting behind the key's
+-- head, if any).
+SELECT {schema}.ordered_link(l.id, l.key)
+FROM unnest(%(ids)s::uuid[], %(keys)s::text[]) WITH ORDINALITY AS l(id, key, n)
+ORDER BY l.n
+
 -- name: insert_bundle
 INSERT INTO {schema}.job_bundle (id, type, origin, num_jobs, on_complete)
 VALUES (%(id)s, %(type)s, %(origin)s, %(num_jobs)s, %(on_complete)s)
@@ -299,6 +342,14 @@ FROM {schema}.end_attempt(%(ids)s::uuid[], %(lease)s::uuid, %(worker_id)s::text,
                           %(delay)s::float8)
 WHERE (SELECT count(*) FROM waiting) >= 0
 
+-- name: snooze
+-- The handler snoozed its job (pgq.Snooze): back to pending after `delay` seconds without
+-- counting an attempt, fenced by the lease; past `max_snoozes`, failed (schema/0017). A single
+-- row, so no dependents need locking first as end_attempt's batches do.
+SELECT job_id, job_type, new_state, retry_count
+FROM {schema}.snooze_job(%(id)s::uuid, %(lease)s::uuid, %(delay)s::float8, %(max_snoozes)s::int,
+                         %(error)s::text)
+
 -- name: release
 -- Back to pending without consuming an attempt. NULL filters match everything.
 SELECT id FROM {schema}.release_jobs(%(ids)s::uuid[], %(lease)s::uuid, %(worker_id)s::text) AS id
@@ -371,6 +422,7 @@ WITH done AS (
     SET state = 'pending', current_retry_count = 0, start_at = now(), started_at = NULL,
         stopped_at = NULL, worker_alive_at = NULL, worker_id = NULL, lease = NULL,
         result = NULL, error_msg = NULL, error_data = NULL, progress = NULL,
+        snoozes = 0,
         updated_at = now()
     WHERE id = %(id)s
       AND (state IN ('succeeded', 'failed', 'cancelled') OR (%(force)s AND state = 'running'))
@@ -385,6 +437,7 @@ WITH done AS (
     SET state = 'pending', current_retry_count = 0, start_at = now(), started_at = NULL,
         stopped_at = NULL, worker_alive_at = NULL, worker_id = NULL, lease = NULL,
         result = NULL, error_msg = NULL, error_data = NULL, progress = NULL,
+        snoozes = 0,
         updated_at = now()
     WHERE state = 'failed' AND (%(type)s::text IS NULL OR type = %(type)s)
     RETURNING id, type
@@ -398,7 +451,7 @@ SELECT id, bundle_id, type, payload, priority, origin, state, max_retry_count,
        current_retry_count, start_at, started_at, stopped_at, worker_alive_at, worker_id,
        timeout, unique_key, result, error_msg, error_data, attempts, created_at, updated_at,
        progress, waiting_on, depends_on, on_dependency_failure, has_dependents, concurrency_key,
-       trace_context
+       trace_context, snoozes, debounce_key, ordered_key
 FROM {schema}.job WHERE id = %(id)s
 
 -- name: job_states
@@ -410,7 +463,7 @@ SELECT id, bundle_id, type, payload, priority, origin, state, max_retry_count,
        current_retry_count, start_at, started_at, stopped_at, worker_alive_at, worker_id,
        timeout, unique_key, result, error_msg, error_data, attempts, created_at, updated_at,
        progress, waiting_on, depends_on, on_dependency_failure, has_dependents, concurrency_key,
-       trace_context
+       trace_context, snoozes, debounce_key, ordered_key
 FROM {schema}.job WHERE id = ANY(%(ids)s::uuid[])
 
 -- name: set_progress
@@ -450,7 +503,7 @@ SELECT id, bundle_id, type, payload, priority, origin, state, max_retry_count,
        current_retry_count, start_at, started_at, stopped_at, worker_alive_at, worker_id,
        timeout, unique_key, result, error_msg, error_data, attempts, created_at, updated_at,
        progress, waiting_on, depends_on, on_dependency_failure, has_dependents, concurrency_key,
-       trace_context
+       trace_context, snoozes, debounce_key, ordered_key
 FROM {schema}.job
 WHERE state = %(state)s AND (%(type)s::text IS NULL OR type = %(type)s)
 ORDER BY updated_at DESC
@@ -548,7 +601,9 @@ ORDER BY type, state
 -- Per type and state for the jobs of one origin: count, mean run time, attempts made.
 SELECT type, state, count(*)::int AS jobs,
        avg(extract(epoch FROM stopped_at - started_at))::float8 AS mean_seconds,
-       sum(jsonb_array_length(attempts))::int AS failed_attempts
+       -- snoozes are kept in the history but are not attempts
+       sum((SELECT count(*) FROM jsonb_array_elements(attempts) a
+            WHERE a ->> 'kind' IS DISTINCT FROM 'snoozed'))::int AS failed_attempts
 FROM {schema}.job
 WHERE origin = %(origin)s
 GROUP BY type, state

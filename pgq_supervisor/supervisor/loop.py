@@ -9,7 +9,9 @@
     ├── timers (maintenance/):   poll wake · due jobs · rate windows · rescue · queue metrics
     │                            · prune · summary · cancel check (the poll behind
     │                            pgq_job_cancel) · register (this supervisor's row in the
-    │                            supervisor table, for the dashboard and `workers`)
+    │                            supervisor table, for the dashboard and `workers`) · the
+    │                            look for supervisors whose session lock was freed · aging
+    │                            · vacuum health (with metrics)
     ├── pgq-worker[0] ─ job connection + heartbeat thread (see worker/)
     ├── pgq-worker[1]
     └── ...
@@ -36,7 +38,6 @@ import selectors
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import assert_never
 
 from setproctitle import setproctitle
@@ -70,38 +71,19 @@ from pgq_supervisor.supervisor.maintenance import (
 )
 from pgq_supervisor.supervisor.maintenance.registration import Registration
 from pgq_supervisor.supervisor.metrics import Metrics
+from pgq_supervisor.supervisor.sources import (
+    ExitSource,
+    ListenSource,
+    PipeSource,
+    SignalSource,
+    Source,
+)
 from pgq_supervisor.supervisor.verdicts import DeadChild, Verdict, judge
 
 log = logging.getLogger(__name__)
 
 TICK = 0.1  # the longest wait: timeouts and respawns are judged at least this often
 IN_FLIGHT_EVERY = 1.0  # how often the in-flight gauge reads the children's slots
-
-
-# ---- what the selector reports ----
-@dataclass(frozen=True, slots=True)
-class SignalSource:
-    """The signal wake-up fd: a handler recorded a signal."""
-
-
-@dataclass(frozen=True, slots=True)
-class ListenSource:
-    """The LISTEN connection: notifications arrived, or it broke."""
-
-
-@dataclass(frozen=True, slots=True)
-class PipeSource:
-    child: Child
-
-
-@dataclass(frozen=True, slots=True)
-class ExitSource:
-    """The child's process sentinel: it exited."""
-
-    child: Child
-
-
-Source = SignalSource | ListenSource | PipeSource | ExitSource
 
 
 class Supervisor:
@@ -161,6 +143,7 @@ class Supervisor:
             settings, self.types, self.services, self.control, self.metrics, self.wake,
             now=now, rng=self.rng, rated=sorted(registry.rates(self.types)), clock=clock,
             me=self.registration.id,
+            agings=registry.agings(self.types),
         )  # fmt: skip
         self.timers.add(
             Timer(

@@ -148,7 +148,9 @@ class Metrics:
             "pgq_jobs_held_back",
             "Ready jobs not claimable now: the type is paused (reason=paused), beyond its rate"
             " limit's free starts (rate), its global concurrency limit (global_concurrency) or"
-            " its concurrency key's limit (key_concurrency)",
+            " its concurrency key's limit (key_concurrency); pending jobs that wait for other"
+            " jobs (waiting): dependencies, the earlier jobs of their ordered_key, or the"
+            " running job a debounced one waits behind",
             ["type", "reason"],
             registry=r,
         )
@@ -200,10 +202,12 @@ class Metrics:
         delayed: dict[str, int] = {}
         running: dict[str, int] = {}
         oldest: dict[str, float] = {}
+        waiting: dict[str, int] = {}
         for s in stats:
             seen.add(s.type)
             if s.state is JobState.PENDING:
                 ready[s.type] = s.ready
+                waiting[s.type] = s.waiting
                 delayed[s.type] = s.count - s.ready
                 if s.oldest_ready_age is not None:
                     oldest[s.type] = s.oldest_ready_age
@@ -215,6 +219,7 @@ class Metrics:
             self.delayed.labels(t).set(delayed.get(t, 0))
             self.running.labels(t).set(running.get(t, 0))
             self.oldest_ready.labels(t).set(oldest.get(t, 0.0))
+            self.held_back.labels(t, "waiting").set(waiting.get(t, 0))
         self._known_types |= seen
 
     def update_controls(

@@ -43,7 +43,7 @@ from pgq_supervisor.jobs import (
     OutcomeKind,
 )
 from pgq_supervisor.registry import ClaimPolicy
-from pgq_supervisor.worker.executor import Failure, FailureKind, Ran
+from pgq_supervisor.worker.executor import Failure, Ran
 from pgq_supervisor.worker.heartbeat import Heartbeat
 from pgq_supervisor.worker.runs import Committed, Lost, Settlement, TimedOut
 
@@ -59,8 +59,9 @@ class Outcome(NamedTuple):
     error: str | None = None
 
 
-# the kinds of attempt a child ends: a run's failures, and an async job it cancelled at its timeout
-_EndKind = FailureKind | Literal[AttemptKind.TIMEOUT]
+# the kinds of attempt a child ends: a run's failures, and an async job it cancelled at its
+# timeout (a snooze ends none: _snooze)
+_EndKind = Literal[AttemptKind.ERROR, AttemptKind.PERMANENT, AttemptKind.TIMEOUT]
 
 
 def _allows_retry(kind: _EndKind) -> bool:
@@ -199,9 +200,43 @@ class Completer:
                 assert_never(settlement)
 
     def _write_failure(self, conn: db.Conn, job: Job, failure: Failure, took: float) -> None:
-        self._end_attempt(
-            conn, job, took, failure.message, failure.data, failure.kind, failure.retry_delay
+        kind = failure.kind
+        if kind is AttemptKind.SNOOZED:
+            self._snooze(conn, job, failure, took)
+            return
+        self._end_attempt(conn, job, took, failure.message, failure.data, kind, failure.retry_delay)
+
+    def _snooze(self, conn: db.Conn, job: Job, failure: Failure, took: float) -> None:
+        """Back to pending after the snooze's delay, no attempt counted (fenced by its lease);
+        failed with the failure's message if its type's max_snoozes is spent."""
+        delay = failure.retry_delay
+        ended = db.snooze(
+            conn,
+            self.schema,
+            job.id,
+            lease=job.lease,
+            delay=delay,
+            max_snoozes=failure.max_snoozes,
+            error=failure.message,
         )
+        if not ended:
+            self._lost(job, took)
+            return
+        snoozed = ended[0].new_state is JobState.PENDING
+        log.log(
+            logging.INFO if snoozed else logging.ERROR,
+            "job %s id=%s type=%s attempt=%d duration=%.3fs worker=%s%s",
+            "snoozed" if snoozed else "failed",
+            job.id,
+            job.type,
+            job.attempt,
+            took,
+            self.worker_id,
+            f" due_in={delay:g}s" if snoozed else f" error={failure.message}",
+        )
+        outcome = OutcomeKind.SNOOZED if snoozed else OutcomeKind.FAILED
+        self._outcomes.append(Outcome(job, outcome, took, None if snoozed else failure.message))
+        self._drop(job.lease, [job.id])
 
     def _end_attempt(
         self,

@@ -21,7 +21,7 @@ from typing import Literal, NamedTuple
 import pydantic
 
 from pgq_supervisor import db, tracing
-from pgq_supervisor.errors import InvalidInput, PermanentError
+from pgq_supervisor.errors import InvalidInput, PermanentError, Snooze
 from pgq_supervisor.jobs import AttemptKind, Job, JsonValue
 from pgq_supervisor.registry import Registry
 from pgq_supervisor.worker.progress import ProgressSink, reporting
@@ -29,8 +29,9 @@ from pgq_supervisor.worker.progress import ProgressSink, reporting
 log = logging.getLogger(__name__)
 
 
-# The attempt kinds a run can end in (timeouts and deaths are the supervisor's to write).
-FailureKind = Literal[AttemptKind.ERROR, AttemptKind.PERMANENT]
+# The attempt kinds a run can end in (timeouts and deaths are the supervisor's to write); a
+# snooze is no failure, but like one it is not a success and is written at once.
+FailureKind = Literal[AttemptKind.ERROR, AttemptKind.PERMANENT, AttemptKind.SNOOZED]
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +41,8 @@ class Failure:
     kind: FailureKind
     message: str
     data: JsonValue
-    retry_delay: float  # seconds before the retry, if the job has attempts left
+    retry_delay: float  # seconds before the retry, if the job has attempts left (a snooze's)
+    max_snoozes: int = 0  # a snooze: the type's limit; past it the job fails with `message`
 
 
 class Ran(NamedTuple):
@@ -65,6 +67,8 @@ class _NeedsConn(ValueError):
 def _result_json(value: object) -> str | None:
     if value is None:
         return None
+    if isinstance(value, Snooze):  # returned rather than raised: the same
+        raise value
     if isinstance(value, pydantic.BaseModel):
         # through dump_json too: a NUL or a lone surrogate would make jsonb refuse the whole
         # batch's completion; here it is this job's failure alone
@@ -177,6 +181,15 @@ class Executor:
     def failed(self, job: Job, exc: Exception, duration: float) -> Ran:
         """What `exc`, raised while running `job`, means under its handler's policy."""
         handler = self.registry.handlers.get(job.type)
+        if isinstance(exc, Snooze) and handler is not None:
+            limit = handler.policy.max_snoozes
+            message = (
+                f"Snooze: snoozed more than max_snoozes={limit} times"
+                f" (the last asked for {exc.seconds:g} s more)"
+            )
+            return Ran(
+                job, None, Failure(AttemptKind.SNOOZED, message, None, exc.seconds, limit), duration
+            )
         permanent = isinstance(exc, PermanentError | InvalidInput) or handler is None
         data: dict[str, object] = {"exception": type(exc).__name__}
         if isinstance(exc, PermanentError) and exc.data is not None:

@@ -73,6 +73,10 @@ def test_get_job_reads_every_column_by_name(conn: Conn) -> None:
     assert db.set_progress(conn, SCHEMA, [(job_id, running.lease, '{"done": 3}')]) == {job_id}
     # enqueue writes it only under a recording OpenTelemetry span (test_tracing.py)
     conn.execute("UPDATE pgq.job SET trace_context = 'tp' WHERE id = %s", (job_id,))
+    # set only on a debounced job that waits behind a running one (test_debounce.py)
+    conn.execute(
+        "UPDATE pgq.job SET debounce_key = 'dk', ordered_key = 'ok' WHERE id = %s", (job_id,)
+    )
     seen |= _assert_record_is_the_row(conn, db.get_job(conn, SCHEMA, job_id))
     assert db.succeed(conn, SCHEMA, running.lease, [(running.id, '{"ok": true}')]) == {job_id}
     seen |= _assert_record_is_the_row(conn, db.get_job(conn, SCHEMA, job_id))
@@ -106,6 +110,8 @@ def _sample_params(conn: Conn) -> dict[str, dict[str, object]]:
     ids = [pgq.enqueue(conn, "t", {"n": i}, unique_key=f"u{i}", origin="o") for i in range(3)]
     bundle = db.insert_bundle(conn, SCHEMA, "t", 0, None, None)
     running = claim(conn, ["t"], limit=2)
+    pgq.enqueue(conn, "snz", {})
+    snoozing = claim(conn, ["snz"])[0]
     pgq.pause(conn, "other", reason="sample")  # any paused type gives type_controls a row
     db.sync_limits(conn, SCHEMA, ["other"], {"other": (2, 1)})  # and type_limits one
     claim_args = {"worker_id": "w", "types": ["t"], "max_retry_counts": [3], "limit": 1}
@@ -163,10 +169,15 @@ def _sample_params(conn: Conn) -> dict[str, dict[str, object]]:
         },
         "rescue": {"dead_after": -1.0, "limit": 10, "error": "x"},
         "rescue_orphans": {"ids": ["g:1:0"], "error": "x"},
+        "snooze": {
+            "id": snoozing.id, "lease": snoozing.lease, "delay": 1.0, "max_snoozes": 1,
+            "error": "x",
+        },
         "queue_stats": {},
         "active_stats": {},
         "summary_by_origin": {"origin": "o"},
         "unfinished_by_unique_keys": {"keys": ["u0", "u1", "u2"]},
+        "unique_holders": {"keys": ["u0"], "windows": [60.0], "states": ["succeeded"]},
         "cancel": {"id": ids[2]},
         "schedule_declare": {
             "names": ["s1"],

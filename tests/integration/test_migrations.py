@@ -47,6 +47,9 @@ JOB_COLUMNS = {
     "on_dependency_failure": ("text", True),
     "has_dependents": ("boolean", False),
     "concurrency_key": ("text", True),
+    "snoozes": ("integer", False),
+    "debounce_key": ("text", True),
+    "ordered_key": ("text", True),
 }
 DEPENDENCY_COLUMNS = {
     "job_id": ("uuid", False),
@@ -178,11 +181,30 @@ INDEXES = {
         "CREATE INDEX job_unique_key_any_idx ON {s}.job USING btree (unique_key)"
         " WHERE (unique_key IS NOT NULL)"
     ),
+    "job_unique_finished_idx": (
+        "CREATE INDEX job_unique_finished_idx ON {s}.job USING btree (unique_key, created_at DESC)"
+        " WHERE ((unique_key IS NOT NULL) AND (stopped_at IS NOT NULL))"
+    ),
+    "job_ordered_idx": (
+        "CREATE INDEX job_ordered_idx ON {s}.job USING btree (ordered_key, created_at, id)"
+        " WHERE ((ordered_key IS NOT NULL) AND (state = ANY (ARRAY['pending'::{s}.job_state,"
+        " 'running'::{s}.job_state, 'failed'::{s}.job_state])))"
+    ),
+    "job_debounce_key_idx": (
+        "CREATE INDEX job_debounce_key_idx ON {s}.job USING btree (debounce_key)"
+        " WHERE ((debounce_key IS NOT NULL) AND (state = ANY (ARRAY['pending'::{s}.job_state,"
+        " 'running'::{s}.job_state])))"
+    ),
 }
 _TERMINAL = "ARRAY['succeeded'::{s}.job_state, 'failed'::{s}.job_state, 'cancelled'::{s}.job_state]"
 CHECKS = {
     ("job", "job_type_check"): "CHECK (((char_length(type) >= 1) AND (char_length(type) <= 100)))",
     ("job", "job_max_retry_count_check"): "CHECK ((max_retry_count >= 0))",
+    ("job", "job_snoozes_range"): "CHECK ((snoozes >= 0))",
+    ("job", "job_ordered_key_length"): (
+        "CHECK (((ordered_key IS NULL) OR ((char_length(ordered_key) >= 1)"
+        " AND (char_length(ordered_key) <= 200))))"
+    ),
     ("job", "job_timeout_check"): (
         "CHECK (((timeout IS NULL) OR (timeout > (0)::double precision)))"
     ),
@@ -263,6 +285,25 @@ CHECKS = {
     ),
 }
 TRIGGERS = {
+    "job_ordered_state": (
+        "CREATE TRIGGER job_ordered_state BEFORE UPDATE OF state ON {s}.job FOR EACH ROW"
+        " WHEN (((new.ordered_key IS NOT NULL) AND (old.state IS DISTINCT FROM new.state)))"
+        " EXECUTE FUNCTION {s}.job_ordered_state()"
+    ),
+    "job_ordered_release": (
+        "CREATE TRIGGER job_ordered_release AFTER UPDATE OF state ON {s}.job FOR EACH ROW"
+        " WHEN (((old.ordered_key IS NOT NULL) AND (old.waiting_on = 0)"
+        " AND (old.state = ANY (ARRAY['pending'::{s}.job_state, 'running'::{s}.job_state]))"
+        " AND (new.state = ANY (ARRAY['succeeded'::{s}.job_state, 'cancelled'::{s}.job_state]))))"
+        " EXECUTE FUNCTION {s}.job_ordered_release()"
+    ),
+    "job_ordered_release_deleted": (
+        "CREATE TRIGGER job_ordered_release_deleted AFTER DELETE ON {s}.job FOR EACH ROW"
+        " WHEN (((old.ordered_key IS NOT NULL) AND (old.waiting_on = 0)"
+        " AND (old.state = ANY (ARRAY['pending'::{s}.job_state, 'running'::{s}.job_state,"
+        " 'failed'::{s}.job_state]))))"
+        " EXECUTE FUNCTION {s}.job_ordered_release()"
+    ),
     "job_notify_inserted": (
         "CREATE TRIGGER job_notify_inserted AFTER INSERT ON {s}.job REFERENCING NEW TABLE AS"
         " new_jobs FOR EACH STATEMENT EXECUTE FUNCTION {s}.job_notify_inserted()"
@@ -327,6 +368,14 @@ FUNCTIONS = {
     "type_limit_restripe",
     "new_id",
     "depth",
+    "snooze_job",
+    "unique_holders",
+    "debounce_holder",
+    "ordered_lock",
+    "ordered_blocked",
+    "ordered_link",
+    "job_ordered_state",
+    "job_ordered_release",
 }
 
 

@@ -199,3 +199,13 @@ def test_held_back_by_concurrency_limits(server: MetricsServer, metrics: Metrics
     s = scrape(server.port)
     assert metric(s, "pgq_jobs_held_back", type="g", reason="global_concurrency") == 0
     assert metric(s, "pgq_jobs_held_back", type="k", reason="key_concurrency") == 0
+
+
+def test_jobs_that_wait_for_other_jobs_are_held_back_as_waiting(
+    server: MetricsServer, metrics: Metrics
+) -> None:
+    """Dependencies, an ordered_key's earlier jobs, a running job a debounced one waits behind."""
+    metrics.update_queue([TypeStats("o", JobState.PENDING, 5, 1, 1.0, waiting=4)])
+    assert metric(scrape(server.port), "pgq_jobs_held_back", type="o", reason="waiting") == 4
+    metrics.update_queue([])
+    assert metric(scrape(server.port), "pgq_jobs_held_back", type="o", reason="waiting") == 0

@@ -12,12 +12,12 @@ import pytest
 import pgq_supervisor as pgq
 from pgq_supervisor.errors import ConfigError
 from pgq_supervisor.jobs import JobId, JsonValue, LeaseToken
+from pgq_supervisor.limits import Rate
 from pgq_supervisor.registry import (
     DEFAULT_MAX_RETRY_COUNT,
     UNHANDLED,
     ClaimPolicy,
     Handler,
-    Rate,
     RetryPolicy,
 )
 

@@ -21,6 +21,8 @@ they share.
                    at most                           schedules of the served types (once each)
     cancel-check   poll_interval ± 20 %              the supervisor's: children's jobs cancelled
                                                      while pgq_job_cancel was missed (cancels.py)
+    aging          half the shortest aging step      Ager: raise the priority of pending jobs
+                   ± 20 %                            that waited (only with aging types)
 
 Time is the supervisor's injected clock. A run that fails with DatabaseError is logged and its
 timer tries again at its next time: no service keeps another from running. The database
@@ -33,16 +35,18 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
 from pgq_supervisor import db
+from pgq_supervisor.aging import Aging
 from pgq_supervisor.backoff import Backoff
 from pgq_supervisor.errors import DatabaseError, DatabaseUnavailable
 from pgq_supervisor.periodic import Schedule
 from pgq_supervisor.settings import Settings
 from pgq_supervisor.supervisor.maintenance.activity import ActivitySummary
+from pgq_supervisor.supervisor.maintenance.aging import Ager
 from pgq_supervisor.supervisor.maintenance.rescuer import LOOK_EVERY, Rescuer
 from pgq_supervisor.supervisor.maintenance.retention import PRUNE_EVERY, Pruner
 from pgq_supervisor.supervisor.maintenance.scheduler import Scheduler
@@ -239,10 +243,12 @@ def maintenance_timers(
     clock: Clock,
     rated: Sequence[str] = (),
     me: str | None = None,
+    agings: Mapping[str, Aging] | None = None,
 ) -> Timers:
     """The supervisor's timers (see the module docstring). All but `activity` are due at once.
     `rated`: the served types with a rate; without any, no rate timers. `me`: this
-    supervisor's registered id; without it, no look for supervisors that died."""
+    supervisor's registered id; without it, no look for supervisors that died. `agings`: the
+    served types with priority aging; without any, no aging timer."""
     poll = settings.poll_interval
     due_wake = Timer("due-wake", lambda now: wake(1), None, next_at=float("inf"))
     rate_wake = Timer("rate-wake", lambda now: wake(1), None, next_at=float("inf"))
@@ -312,6 +318,13 @@ def maintenance_timers(
         timers.append(Timer("prune", prune(services.pruner), PRUNE_EVERY, jitter=0.0))
     if services.scheduler is not None:
         timers.append(Timer("periodic", periodic(services.scheduler), poll))
+    if agings:
+        ager = Ager(settings.db_schema, agings)
+
+        def age(now: float) -> None:
+            control.run(ager.run_once)
+
+        timers.append(Timer("aging", age, ager.interval))
     timers.append(
         Timer("activity", summarize, summary, jitter=0.0, next_at=now + summary, in_shutdown=True)
     )
