@@ -69,8 +69,10 @@ class Settings(BaseSettings):
         description="child processes; default the CPU count (a container's is the node's)",
     )
     types: list[str] | None = Field(None, description="serve only these job types")
+    # 1 s: a dead pod's jobs are taken back once its lock is free and their heartbeat is two
+    # intervals old (rescuer.py); a beat is one UPDATE of the rows a child holds
     heartbeat_interval: float = Field(
-        5.0, gt=0, le=MAX_DURATION, description="seconds between refreshes of worker_alive_at"
+        1.0, gt=0, le=MAX_DURATION, description="seconds between refreshes of worker_alive_at"
     )
     dead_after: float = Field(
         30.0,

@@ -7,6 +7,11 @@
 -- once; another supervisor that finds a row locked on the server it is talking to now, whose
 -- lock nobody holds, reclaims the running jobs of that supervisor's children (their worker_id
 -- starts with its id and a colon) as worker deaths, without waiting for dead_after.
+-- A lock can also be freed while the pod lives (its LISTEN session ended by the server, a
+-- proxy's idle timeout, a pooler that closed its server connection, a crash-restart of the
+-- server; or only the supervisor process died while its children finish their jobs): so a
+-- job is taken back only once its heartbeat has also gone quiet, for twice the rescuer's
+-- heartbeat_interval (queries.sql, rescue_orphans). Live children keep their jobs.
 -- locked_on NULL (an older version, or a supervisor whose LISTEN connection is down) and a
 -- row locked on another epoch (written before a restart or a failover freed every lock, until
 -- its supervisor takes its lock again and says so) are left to the heartbeat timeout.
@@ -17,7 +22,8 @@ ALTER TABLE supervisor ADD COLUMN locked_on text;
 -- insert position).
 CREATE FUNCTION server_epoch() RETURNS text
 LANGUAGE sql STABLE SET search_path FROM CURRENT AS $$
-    SELECT pg_postmaster_start_time()::text || ' timeline '
+    -- as a number: text of a timestamptz follows each session's TimeZone and DateStyle
+    SELECT extract(epoch FROM pg_postmaster_start_time())::text || ' timeline '
            || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)
 $$;
 
@@ -28,15 +34,14 @@ LANGUAGE sql STABLE SET search_path FROM CURRENT AS $$
     SELECT hashtext('pgq_supervisor:' || current_schema())
 $$;
 
--- Nobody holds the lock of supervisor p_id (in this database): its session is gone. Reads
--- pg_locks, which every role may read; a handful of rows per look.
-CREATE FUNCTION supervisor_gone(p_id text) RETURNS boolean
+-- The second keys of the supervisor locks of this schema that some session holds now (in this
+-- database): a supervisor whose hashtext(id) is not among them has lost its session. One read
+-- of pg_locks (it takes every lock partition's LWLock) for a whole look, not one per row.
+CREATE FUNCTION supervisor_locks_held() RETURNS SETOF oid
 LANGUAGE sql STABLE SET search_path FROM CURRENT AS $$
-    SELECT NOT EXISTS (
-        SELECT 1 FROM pg_catalog.pg_locks l
-        WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
-          AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
-                            WHERE d.datname = current_database())
-          AND l.classid = supervisor_lock_space()::oid
-          AND l.objid = hashtext(p_id)::oid)
+    SELECT l.objid FROM pg_catalog.pg_locks l
+    WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+      AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
+                        WHERE d.datname = current_database())
+      AND l.classid = supervisor_lock_space()::oid
 $$;

@@ -1194,7 +1194,8 @@ CREATE OR REPLACE FUNCTION server_epoch()
  STABLE
  SET search_path FROM CURRENT
 AS $function$
-    SELECT pg_postmaster_start_time()::text || ' timeline '
+    -- as a number: text of a timestamptz follows each session's TimeZone and DateStyle
+    SELECT extract(epoch FROM pg_postmaster_start_time())::text || ' timeline '
            || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)
 $function$;
 
@@ -1231,21 +1232,6 @@ BEGIN
                                            'permanent', false, 0);
 END $function$;
 
-CREATE OR REPLACE FUNCTION supervisor_gone(p_id text)
- RETURNS boolean
- LANGUAGE sql
- STABLE
- SET search_path FROM CURRENT
-AS $function$
-    SELECT NOT EXISTS (
-        SELECT 1 FROM pg_catalog.pg_locks l
-        WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
-          AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
-                            WHERE d.datname = current_database())
-          AND l.classid = supervisor_lock_space()::oid
-          AND l.objid = hashtext(p_id)::oid)
-$function$;
-
 CREATE OR REPLACE FUNCTION supervisor_lock_space()
  RETURNS integer
  LANGUAGE sql
@@ -1253,6 +1239,19 @@ CREATE OR REPLACE FUNCTION supervisor_lock_space()
  SET search_path FROM CURRENT
 AS $function$
     SELECT hashtext('pgq_supervisor:' || current_schema())
+$function$;
+
+CREATE OR REPLACE FUNCTION supervisor_locks_held()
+ RETURNS SETOF oid
+ LANGUAGE sql
+ STABLE
+ SET search_path FROM CURRENT
+AS $function$
+    SELECT l.objid FROM pg_catalog.pg_locks l
+    WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+      AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
+                        WHERE d.datname = current_database())
+      AND l.classid = supervisor_lock_space()::oid
 $function$;
 
 CREATE OR REPLACE FUNCTION type_limit_restripe()

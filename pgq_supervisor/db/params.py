@@ -174,6 +174,7 @@ class RescueParams(TypedDict):
 class OrphansParams(TypedDict):
     ids: list[str]
     error: str
+    quiet: float
 
 
 class TypesParams(TypedDict):

@@ -76,12 +76,16 @@ def supervisors_gone(conn: Conn, schema: str, *, me: str) -> list[str]:
         return [str(i) for i in cur.execute(statement("supervisors_gone", schema), params)]
 
 
-def rescue_orphans(conn: Conn, schema: str, ids: Sequence[str]) -> list[EndedAttempt]:
-    """End the running jobs of the gone supervisors `ids` as worker deaths and delete their
-    rows; a supervisor that holds its lock again is left alone."""
+def rescue_orphans(
+    conn: Conn, schema: str, ids: Sequence[str], *, quiet: float
+) -> list[EndedAttempt]:
+    """End the running jobs of the gone supervisors `ids` whose heartbeat is older than `quiet`
+    seconds as worker deaths, and delete the rows of those with no running job left; a
+    supervisor that holds its lock again is left alone."""
     params: OrphansParams = {
         "ids": list(ids),
         "error": "worker died: its supervisor's database session ended",
+        "quiet": quiet,
     }
     with wrapped(), cursor(conn, rows.ENDED_ATTEMPT) as cur:
         return cur.execute(statement("rescue_orphans", schema), params).fetchall()

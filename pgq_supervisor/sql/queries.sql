@@ -832,32 +832,52 @@ SELECT CASE WHEN pg_try_advisory_lock({schema}.supervisor_lock_space(), hashtext
 
 -- name: supervisors_gone
 -- The other supervisors that said they held their lock on this server, in its present epoch,
--- and whose lock nobody holds now: their process died. (A restart or a failover freed every
--- lock at once: a row written before it names another epoch until its supervisor, if alive,
--- takes its lock again and says so.)
+-- and whose lock nobody holds now: their session ended (their process died, most often; see
+-- rescue_orphans for when it did not). (A restart or a failover freed every lock at once: a
+-- row written before it names another epoch until its supervisor, if alive, takes its lock
+-- again and says so.) pg_locks is read once (supervisor_locks_held), not once per row.
 SELECT s.id FROM {schema}.supervisor s
 WHERE s.locked_on = {schema}.server_epoch() AND s.id <> %(id)s
-  AND {schema}.supervisor_gone(s.id)
+  AND hashtext(s.id)::oid NOT IN (SELECT {schema}.supervisor_locks_held())
 
 -- name: rescue_orphans
--- The running jobs of supervisors `ids` end as worker deaths, if their locks are still free in
--- this statement (one that took its lock back meanwhile keeps its jobs); their rows go, so the
--- next look finds them no more. A job held by another transaction (its worker finishing it
--- right now, or another rescuer) is skipped: the heartbeat timeout covers it.
-WITH gone AS (
-    DELETE FROM {schema}.supervisor s
+-- The running jobs of supervisors `ids` whose locks are still free in this statement (one that
+-- took its lock back meanwhile keeps its jobs) end as worker deaths, but only those whose
+-- heartbeat is also older than %(quiet)s seconds (twice the heartbeat interval): a lock is
+-- freed too when a living pod's LISTEN session ends (the server or a proxy ended it, a pooler
+-- closed its server connection, the server crashed and restarted) or when only the supervisor
+-- process died while its children finish their jobs; children that still beat keep their
+-- jobs. A gone supervisor's row goes once none of its jobs is left running, so the next look
+-- finds it no more. A job held by another transaction (its worker finishing it right now, or
+-- another rescuer) is skipped: the next look or the heartbeat timeout covers it.
+WITH gone AS MATERIALIZED (
+    SELECT s.id, s.id || ':' AS prefix FROM {schema}.supervisor s
     WHERE s.id = ANY(%(ids)s::text[]) AND s.locked_on = {schema}.server_epoch()
-      AND {schema}.supervisor_gone(s.id)
-    RETURNING s.id || ':' AS prefix
+      AND hashtext(s.id)::oid NOT IN (SELECT {schema}.supervisor_locks_held())
+),
+orphans AS MATERIALIZED (
+    SELECT j.id, g.id AS supervisor
+    FROM {schema}.job j JOIN gone g ON starts_with(j.worker_id, g.prefix)
+    WHERE j.state = 'running'
+),
+-- the heartbeat's age is judged here, on the row this statement locks (read committed checks
+-- it again on a row version a beat wrote meanwhile)
+taken AS MATERIALIZED (
+    SELECT j.id FROM {schema}.job j
+    WHERE j.id IN (SELECT o.id FROM orphans o) AND j.state = 'running'
+      AND j.worker_alive_at < now() - make_interval(secs => %(quiet)s)
+    ORDER BY j.id
+    FOR UPDATE OF j SKIP LOCKED
+),
+forgotten AS (
+    DELETE FROM {schema}.supervisor s USING gone g
+    WHERE s.id = g.id
+      AND NOT EXISTS (SELECT 1 FROM orphans o
+                      WHERE o.supervisor = g.id AND o.id NOT IN (SELECT t.id FROM taken t))
 )
 SELECT job_id, job_type, new_state, retry_count
 FROM {schema}.end_attempt(
-    ARRAY(SELECT j.id FROM {schema}.job j
-          WHERE j.state = 'running'
-            AND EXISTS (SELECT 1 FROM gone g WHERE starts_with(j.worker_id, g.prefix))
-          ORDER BY j.id
-          FOR UPDATE SKIP LOCKED),
-    NULL, NULL, %(error)s, NULL, 'rescued', true, 0)
+    ARRAY(SELECT t.id FROM taken t ORDER BY t.id), NULL, NULL, %(error)s, NULL, 'rescued', true, 0)
 
 -- name: supervisor_unregister
 DELETE FROM {schema}.supervisor WHERE id = %(id)s

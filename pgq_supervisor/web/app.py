@@ -73,8 +73,8 @@ def create_app(
     page is open and the dashboard is read-only, unless `allow_unauthenticated_actions=True`
     opens the actions to anyone who can reach it (logged as a WARNING). `read_only`: no action
     is shown, each is refused with 403, whatever else is given. `stale_after`: seconds without
-    a heartbeat after which the Workers page marks a supervisor stale (3 x its
-    heartbeat_interval, 5 s by default)."""
+    a heartbeat after which the Workers page marks a supervisor stale (a supervisor writes its
+    row every heartbeat_interval, 1 s by default; the `dashboard` command passes 3 x it)."""
     refusal = None  # why actions are off, if they are
     if read_only:
         refusal = READ_ONLY

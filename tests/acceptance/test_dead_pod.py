@@ -4,6 +4,7 @@ lock was freed with its LISTEN connection (schema/0016)."""
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 
@@ -12,8 +13,9 @@ from tests.acceptance.conftest import Conn
 from tests.support.processes import APP, Supervisor, count
 from tests.support.waiting import wait_for
 
-# the heartbeat path would take a minute: what brings the jobs back must be the lock
-SLOW_HEARTBEAT = ("--heartbeat-interval", "5", "--dead-after", "60")
+# the heartbeat timeout would take a minute: what brings the jobs back must be the lock (and
+# the heartbeat gone quiet for two default intervals, 2 s)
+SLOW_HEARTBEAT = ("--dead-after", "60")
 
 
 def start(sups: list[Supervisor], dsn: str, type_: str = "sleep_first") -> Supervisor:
@@ -82,3 +84,25 @@ def test_a_draining_supervisor_keeps_its_lock_and_its_jobs(
     assert row == ("succeeded", []), row  # finished by its own child, never rescued
     assert "gone" not in staying.log(), staying.log()[-2000:]
     assert staying.stop() == 0
+
+
+def test_the_children_of_a_killed_supervisor_keep_the_job_they_run(
+    dsn: str, db: Conn, sups: list[Supervisor]
+) -> None:
+    """Only the supervisor process dies (SIGKILL of its pid, not its group): its lock is free at
+    once, but its child runs on and still beats, so the other supervisor takes nothing back; the
+    job runs once, to its end, under its own child (before, it was rescued at once: run twice)."""
+    pod = start(sups, dsn, "sleep")
+    job_id = pgq.enqueue(db, "sleep", {"seconds": 5.0})  # several rescue looks, heartbeats
+    wait_for("the job running", lambda: count(dsn, "state = 'running'") == 1)
+    other = start(sups, dsn, "sleep")
+    wait_for("two rows, each with its lock", lambda: count_locked(db) == 2, timeout=30)
+    os.kill(pod.pid, signal.SIGKILL)
+    assert pod.proc.wait(timeout=10) != 0
+    wait_for("the job done", lambda: count(dsn, "state <> 'running'") == 1, timeout=60)
+    row = db.execute("SELECT state, attempts FROM pgq.job WHERE id = %s", (job_id,)).fetchone()
+    assert row == ("succeeded", []), row  # its own child, its first attempt, never rescued
+    # the dead supervisor's row goes once nothing of it runs any more
+    wait_for("the row forgotten", lambda: count_locked(db) == 1, timeout=30)
+    assert "rescued job" not in other.log(), other.log()[-2000:]
+    assert other.stop() == 0, other.log()[-2000:]

@@ -168,7 +168,7 @@ def _sample_params(conn: Conn) -> dict[str, dict[str, object]]:
             "delay": 0.0,
         },
         "rescue": {"dead_after": -1.0, "limit": 10, "error": "x"},
-        "rescue_orphans": {"ids": ["g:1:0"], "error": "x"},
+        "rescue_orphans": {"ids": ["g:1:0"], "error": "x", "quiet": 0.0},
         "snooze": {
             "id": snoozing.id, "lease": snoozing.lease, "delay": 1.0, "max_snoozes": 1,
             "error": "x",

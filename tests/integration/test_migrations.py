@@ -342,7 +342,7 @@ FUNCTIONS = {
     "end_attempt",
     "supervisor_lock_space",
     "server_epoch",
-    "supervisor_gone",
+    "supervisor_locks_held",
     "release_jobs",
     "job_notify_inserted",
     "job_bundle_count",

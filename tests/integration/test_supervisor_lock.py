@@ -1,6 +1,7 @@
 """A supervisor's session lock (schema/0016): when its session ends, another supervisor's
-rescuer takes back the running jobs of its children at once, without waiting for dead_after;
-while anyone holds the lock, or the row never said it held one, nothing is taken."""
+rescuer takes back the running jobs of its children once their heartbeat has gone quiet too
+(`quiet`: twice the heartbeat interval), without waiting for dead_after; while anyone holds the
+lock, or the row never said it held one, or the children still beat, nothing is taken."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 import pgq_supervisor as pgq
 from pgq_supervisor import db
 from pgq_supervisor.db import Conn
-from pgq_supervisor.jobs import JobId
+from pgq_supervisor.jobs import EndedAttempt, JobId
 from pgq_supervisor.supervisor.listener import Listener
 from pgq_supervisor.supervisor.maintenance.rescuer import Rescuer
 from tests.support.db import claim_one, get, raw_row
@@ -21,7 +22,8 @@ from tests.support.waiting import wait_for
 
 S = "pgq"
 DEAD = "pod-a:1:0000aaaa"  # the supervisor that dies
-RESCUER = Rescuer(S, dead_after=30)
+# quiet: the heartbeats of jobs claimed a moment ago are old enough almost at once
+RESCUER = Rescuer(S, dead_after=30, quiet=0.05)
 
 
 def register(conn: Conn, id_: str, *, locked_on: str | None) -> None:
@@ -65,9 +67,13 @@ def test_a_freed_lock_gives_back_the_running_jobs_of_that_supervisor_only(
     assert RESCUER.run_orphans(conn, me="pod-c:1:0000cccc").ended == ()  # held: alive
     session.close()  # the process died: PostgreSQL ends its session, and frees the lock
 
-    ended = wait_for(
-        "the freed lock", lambda: RESCUER.run_orphans(conn, me="pod-c:1:0000cccc").ended
-    )
+    ended: list[EndedAttempt] = []
+
+    def both_taken() -> bool:  # each once its own beat is older than quiet
+        ended.extend(RESCUER.run_orphans(conn, me="pod-c:1:0000cccc").ended)
+        return len(ended) >= 2
+
+    wait_for("the freed lock", both_taken)
     assert sorted((e.job_id, e.new_state, e.retry_count) for e in ended) == sorted(
         (i, pgq.JobState.PENDING, 1) for i in mine
     )
@@ -81,6 +87,25 @@ def test_a_freed_lock_gives_back_the_running_jobs_of_that_supervisor_only(
     # its row went with its jobs; the one whose lock was never held stays
     assert [s.id for s in db.list_supervisors(conn, S)] == ["pod-b:1:0000bbbb"]
     assert RESCUER.run_orphans(conn, me="pod-c:1:0000cccc").ended == ()
+
+
+def test_a_freed_lock_leaves_the_jobs_whose_heartbeat_is_fresh_and_the_row(
+    conn: Conn, session: Conn
+) -> None:
+    """The pod lives on (its LISTEN session was ended by the server, a proxy or a pooler, or
+    only its supervisor process died): its children still beat, so they keep their jobs."""
+    register(conn, DEAD, locked_on=epoch(conn))
+    job_id = running_under(conn, f"{DEAD}:0:00000000")
+    session.close()
+    wait_for("the lock freed", lambda: db.supervisors_gone(conn, S, me="x") == [DEAD])
+    beating = Rescuer(S, dead_after=30, quiet=3600)  # every beat is younger than that
+    assert beating.run_orphans(conn, me="pod-c:1:0000cccc").ended == ()
+    assert get(conn, job_id).state is pgq.JobState.RUNNING
+    # the row stays, so the next look judges it again once the beats stop
+    assert [r.id for r in db.list_supervisors(conn, S)] == [DEAD]
+    ended = wait_for("the beat gone quiet", lambda: RESCUER.run_orphans(conn, me="x").ended)
+    assert [(e.job_id, e.new_state) for e in ended] == [(job_id, pgq.JobState.PENDING)]
+    assert db.list_supervisors(conn, S) == []
 
 
 def test_a_row_without_a_lock_in_this_epoch_is_left_to_the_heartbeat_timeout(
@@ -102,7 +127,7 @@ def test_a_lock_taken_back_by_a_new_session_keeps_the_jobs(conn: Conn, dsn: str)
         assert db.take_supervisor_lock(reconnected, S, DEAD)
         assert db.supervisors_gone(conn, S, me="x") == []
         # even when the look said gone, the rescue checks again in its own statement
-        assert db.rescue_orphans(conn, S, [DEAD]) == []
+        assert db.rescue_orphans(conn, S, [DEAD], quiet=0.0) == []
     assert get(conn, job_id).state is pgq.JobState.RUNNING
 
 

@@ -60,7 +60,7 @@ def test_bad_values_raise_config_error_naming_the_setting(
 
 
 def test_none_flags_mean_not_given() -> None:
-    assert load_settings(procs=None, heartbeat_interval=None).heartbeat_interval == 5.0
+    assert load_settings(procs=None, heartbeat_interval=None).heartbeat_interval == 1.0
 
 
 def test_flags_beat_environment_beat_dotenv(

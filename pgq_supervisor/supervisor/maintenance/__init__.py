@@ -213,7 +213,9 @@ class Services:
         cls, settings: Settings, metrics: Metrics, now: float, schedules: Sequence[Schedule] = ()
     ) -> Services:
         return cls(
-            rescuer=Rescuer(settings.db_schema, settings.dead_after),
+            rescuer=Rescuer(
+                settings.db_schema, settings.dead_after, quiet=2 * settings.heartbeat_interval
+            ),
             queue_metrics=(
                 QueueMetrics(settings.db_schema, metrics)
                 if settings.metrics_port is not None

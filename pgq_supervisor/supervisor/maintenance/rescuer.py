@@ -1,5 +1,7 @@
-"""Reclaims jobs whose heartbeat went stale (a whole pod died, a child hung), and, at once, the
-jobs of supervisors whose session lock was freed (their process died: schema/0016).
+"""Reclaims jobs whose heartbeat went stale (a whole pod died, a child hung), and, within
+seconds, the jobs of supervisors whose session lock was freed (their process died: schema/0016)
+once their heartbeat has gone quiet too (`quiet`, twice the heartbeat interval: a lock is also
+freed when a living pod loses its LISTEN session, and its children still beat).
 
 Staleness is judged by the database clock, so supervisors with skewed clocks agree. Safe with
 many supervisors: the rescue statements skip rows another transaction holds.
@@ -26,11 +28,16 @@ class RescueResult:
 
 
 class Rescuer:
-    def __init__(self, schema: str, dead_after: float, *, limit: int = 1000) -> None:
-        if dead_after <= 0:
-            raise ValueError("dead_after must be > 0")
+    def __init__(
+        self, schema: str, dead_after: float, *, quiet: float = 2.0, limit: int = 1000
+    ) -> None:
+        """`quiet`: the heartbeat age past which a gone supervisor's job is taken back (twice
+        the heartbeat interval; 2.0 is twice the default)."""
+        if dead_after <= 0 or quiet <= 0:
+            raise ValueError("dead_after and quiet must be > 0")
         self.schema = schema
         self.dead_after = dead_after
+        self.quiet = quiet
         self.limit = limit
 
     def run_once(self, conn: db.Conn) -> RescueResult:
@@ -53,8 +60,11 @@ class Rescuer:
         gone = db.supervisors_gone(conn, self.schema, me=me)
         if not gone:
             return RescueResult(())
-        ended = db.rescue_orphans(conn, self.schema, gone)
-        log.warning("supervisor(s) %s gone (session lock freed)", ", ".join(gone))
+        ended = db.rescue_orphans(conn, self.schema, gone, quiet=self.quiet)
+        if ended:
+            log.warning("supervisor(s) %s gone (session lock freed)", ", ".join(gone))
+        else:  # its children still beat (or it has none running): judged again next look
+            log.debug("supervisor(s) %s: session lock free, no quiet job", ", ".join(gone))
         for e in ended:
             log.warning(
                 "rescued job id=%s type=%s attempt=%d: its supervisor is gone -> %s",
