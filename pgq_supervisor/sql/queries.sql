@@ -700,8 +700,10 @@ RETURNING name
 -- name: schedule_run_now
 -- One job as a tick of the schedule would enqueue it, due now, outside its ticks: no
 -- unique_key (a tick's key names its tick), last_tick unchanged. No row for an unknown schedule.
+-- A schedule declared before schema 15 has no stored payload until a supervisor declares it
+-- again: its job gets JSON null, as its ticks did then (job.payload is NOT NULL).
 INSERT INTO {schema}.job (id, type, payload, priority, origin)
-SELECT %(id)s, s.type, s.payload, s.priority, 'periodic:' || s.name || ' (run now)'
+SELECT %(id)s, s.type, coalesce(s.payload, 'null'::jsonb), s.priority, 'periodic:' || s.name || ' (run now)'
 FROM {schema}.schedule s
 WHERE s.name = %(name)s
 RETURNING id

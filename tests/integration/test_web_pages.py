@@ -236,6 +236,29 @@ def test_schedules_show_next_run_and_run_now_pause_resume(
     assert "no schedule named nope" in unknown.text
 
 
+def test_run_now_of_a_schedule_without_a_stored_payload_enqueues_null_and_errors_flash(
+    client: TestClient, conn: Conn
+) -> None:
+    # declared before schema 15: no payload until a supervisor declares it again
+    db.declare_schedules(conn, SCHEMA, [Schedule.make("old", type="t", cron="0 7 * * *")])
+    conn.execute("UPDATE pgq.schedule SET payload = NULL")
+    token = csrf_of(client, "/schedules")
+    done = client.post("/schedules/run", data={"csrf": token, "name": "old"})
+    assert done.status_code == 200 and "enqueued, due now" in done.text
+    (job,) = db.list_jobs(conn, SCHEMA, state=JobState.PENDING, type_=None, limit=5)
+    assert job.payload is None and job.origin == "periodic:old (run now)"
+    # a database error while enqueuing is one flash message on the page, not a 500
+    conn.execute(
+        "CREATE FUNCTION pgq.refuse() RETURNS trigger LANGUAGE plpgsql AS"
+        " $$BEGIN RAISE EXCEPTION 'no jobs today'; END$$"
+    )
+    conn.execute("CREATE TRIGGER refuse BEFORE INSERT ON pgq.job EXECUTE FUNCTION pgq.refuse()")
+    refused = client.post("/schedules/run", data={"csrf": token, "name": "old"})
+    assert refused.status_code == 200 and refused.url.path == "/schedules"
+    assert "no jobs today" in refused.text
+    assert count_rows(conn) == 1
+
+
 def test_waiting_jobs_show_as_waiting_and_attempts_count_as_the_cli_counts(
     dsn: str, client: TestClient, conn: Conn
 ) -> None:
