@@ -7,7 +7,7 @@ import dataclasses
 from datetime import UTC, datetime
 
 from pgq_supervisor.db.health import Backend, Health, JobTable, Prepared, Setting, Slot
-from pgq_supervisor.vacuum import diagnose, oldest_transaction
+from pgq_supervisor.vacuum import MAX_XMIN_AGE, diagnose, oldest_transaction
 
 TABLE = JobTable(
     live_tuples=100_000, dead_tuples=5_000, total_bytes=2**30, table_bytes=2**29,
@@ -57,3 +57,19 @@ def test_dead_tuples_past_a_fifth_of_the_live_ones_and_autovacuum_off() -> None:
     assert found[0].what == "autovacuum is off on this server"
     assert found[1].what.startswith("the job table has 30,000 dead row versions (100,000 live")
     assert found[1].action.startswith("VACUUM (VERBOSE) jobs.job; first end what holds")
+
+
+def test_an_active_slot_counts_only_when_its_xmin_is_far_behind() -> None:
+    # a healthy standby with hot_standby_feedback: its slot always holds an xmin, a few behind
+    healthy = Slot("standby_1", "physical", True, 12, None, 2**16)
+    assert diagnose(health(slots=[healthy]), "pgq") == []
+    far = Slot("standby_2", "physical", True, MAX_XMIN_AGE, None, 2**16)
+    (found,) = diagnose(health(slots=[healthy, far]), "pgq")
+    assert "'standby_2' (physical, active)" in found.what
+    assert f"({MAX_XMIN_AGE:,} transactions)" in found.what
+    assert diagnose(health(slots=[far]), "pgq", max_xmin_age=MAX_XMIN_AGE + 1) == []
+    # inactive, a slot is a finding whatever it holds: WAL, or an xmin however young
+    gone = Slot("standby_3", "physical", False, 12, None, 2**20)
+    wal_only = Slot("standby_4", "physical", False, None, None, 2**20)
+    found_names = [f.what.split("'")[1] for f in diagnose(health(slots=[gone, wal_only]), "pgq")]
+    assert found_names == ["standby_3", "standby_4"]
