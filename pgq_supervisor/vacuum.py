@@ -34,10 +34,10 @@ def diagnose(
     max_xmin_age: int = MAX_XMIN_AGE,
 ) -> list[Finding]:
     """What needs action: sessions and prepared transactions older than `max_age` seconds that
-    hold the horizon, replication slots that sit inactive or whose xmin is `max_xmin_age`
-    transactions behind or more, a job table whose dead tuples outgrew what autovacuum lets
-    pass, autovacuum turned off."""
-    found = [_backend(b) for b in health.backends if b.transaction_age >= max_age]
+    hold the horizon; replication slots that sit inactive, and active slots and walsenders whose
+    xmin is `max_xmin_age` transactions behind or more; a job table whose dead tuples outgrew
+    what autovacuum lets pass; autovacuum turned off."""
+    found = [_backend(b) for b in health.backends if _backend_holds(b, max_age, max_xmin_age)]
     found += [_slot(s) for s in health.slots if _slot_holds(s, max_xmin_age)]
     found += [_prepared(p) for p in health.prepared if p.age >= max_age]
     settings = {s.name: s.value for s in health.settings}
@@ -65,7 +65,8 @@ def diagnose(
 
 def oldest_transaction(health: Health) -> float:
     """Seconds the oldest horizon-holding transaction has been open (0: none)."""
-    ages = [b.transaction_age for b in health.backends] + [p.age for p in health.prepared]
+    ages = [b.transaction_age for b in health.backends if b.transaction_age is not None]
+    ages += [p.age for p in health.prepared]
     return max(ages, default=0.0)
 
 
@@ -81,7 +82,25 @@ def duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
+def _backend_holds(b: Backend, max_age: float, max_xmin_age: int) -> bool:
+    """A transaction counts by how long it has been open; an xmin held outside any (a
+    walsender's hot_standby_feedback without a slot) by how far behind it is, as a slot's."""
+    if b.transaction_age is None:
+        return b.xmin_age >= max_xmin_age
+    return b.transaction_age >= max_age
+
+
 def _backend(b: Backend) -> Finding:
+    if b.transaction_age is None:
+        return Finding(
+            f"{b.backend_type or 'backend'} pid {b.pid} (user {b.user_name or '?'}, application"
+            f" {b.application_name or '-'!r}) holds the xmin horizon {b.xmin_age:,} transactions"
+            " behind, outside any transaction: a standby's hot_standby_feedback (no slot)"
+            " for queries it runs",
+            "end the standby's long queries (or bound them with statement_timeout there), or turn"
+            " hot_standby_feedback off on it; terminating this walsender only lasts until the"
+            " standby reconnects",
+        )
     query = " ".join(b.query.split())
     return Finding(
         f"session pid {b.pid} (user {b.user_name or '?'},"

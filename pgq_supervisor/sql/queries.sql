@@ -1062,11 +1062,14 @@ RETURNING id
 -- pg_get_*def functions print the schema's own names unqualified, as the migrations write them.
 
 -- name: health_backends
--- Sessions of this database (and walsenders, which have none) whose transaction has been open
--- longer than `older_than` seconds and holds a snapshot or an xid: vacuum may not remove a row
--- version they might still see, in the job table or any other. The longest open first.
+-- Sessions of this database whose transaction has been open longer than `older_than` seconds
+-- and holds a snapshot or an xid: vacuum may not remove a row version they might still see, in
+-- the job table or any other. And every backend holding an xmin outside any transaction
+-- (xact_start NULL, transaction_age NULL): a walsender whose standby sends hot_standby_feedback
+-- without a slot; vacuum.py judges it by its xmin's age. The farthest behind first (a healthy
+-- standby's walsender, a few transactions behind, comes last).
 SELECT a.pid, coalesce(a.usename::text, '') AS user_name, a.application_name,
-       coalesce(a.state, '') AS state,
+       coalesce(a.state, '') AS state, a.backend_type::text AS backend_type,
        extract(epoch FROM now() - a.xact_start)::float8 AS transaction_age,
        age(coalesce(a.backend_xmin, a.backend_xid))::int AS xmin_age,
        left(coalesce(a.query, ''), 200) AS query
@@ -1074,8 +1077,8 @@ FROM pg_catalog.pg_stat_activity a
 WHERE (a.backend_xmin IS NOT NULL OR a.backend_xid IS NOT NULL)
   AND a.pid <> pg_backend_pid()
   AND (a.datname = current_database() OR a.datname IS NULL)
-  AND a.xact_start < now() - make_interval(secs => %(older_than)s)
-ORDER BY a.xact_start
+  AND (a.xact_start IS NULL OR a.xact_start < now() - make_interval(secs => %(older_than)s))
+ORDER BY age(coalesce(a.backend_xmin, a.backend_xid)) DESC, a.xact_start
 LIMIT 10
 
 -- name: health_slots
