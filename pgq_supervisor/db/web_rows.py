@@ -167,11 +167,14 @@ class WorkersParams(TypedDict):
 
 
 class BundleCompletionParams(TypedDict):
-    """`bundle_completion`: the bundle's id, its on_complete type and creation time."""
+    """`bundle_completion`: the bundle's id, its on_complete type, and the lowest ids of its
+    creation, its last update and a minute after (params.id_floor)."""
 
     id: uuid.UUID
     type: str
-    since: datetime
+    since: uuid.UUID
+    done_from: uuid.UUID
+    done_until: uuid.UUID
 
 
 class TimeLimitParams(TypedDict):

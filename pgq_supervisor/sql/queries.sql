@@ -930,11 +930,24 @@ ORDER BY b.created_at DESC, b.id DESC
 LIMIT %(limit)s
 
 -- name: bundle_completion
--- One bundle's completion job once enqueued, found as bundles_page finds it.
-SELECT j.id, j.type, j.state FROM {schema}.job j
-WHERE j.type = %(type)s AND j.created_at >= %(since)s
-  AND j.payload @> jsonb_build_object('bundle_id', %(id)s::text)
-ORDER BY j.created_at DESC
+-- One complete bundle's completion job, on the primary key: the trigger that enqueues it
+-- (schema/0001) sets the bundle's updated_at to its transaction's now() and gives the job an id
+-- of the database's clock (new_id(), time-ordered) at or after it. So it is the first match
+-- from `done_from` (updated_at's millisecond) on, `done_until` (a minute later) bounding that
+-- walk; when a later change of the bundle (a member deleted) moved updated_at past it, the
+-- newest match before `done_from`, back to the bundle's creation (`since`). A few index entries
+-- either way, not a scan of the job table, whose (type, created_at) index is opt-in.
+(SELECT j.id, j.type, j.state FROM {schema}.job j
+ WHERE j.id >= %(done_from)s AND j.id < %(done_until)s AND j.type = %(type)s
+   AND j.payload @> jsonb_build_object('bundle_id', %(id)s::text)
+ ORDER BY j.id
+ LIMIT 1)
+UNION ALL
+(SELECT j.id, j.type, j.state FROM {schema}.job j
+ WHERE j.id >= %(since)s AND j.id < %(done_from)s AND j.type = %(type)s
+   AND j.payload @> jsonb_build_object('bundle_id', %(id)s::text)
+ ORDER BY j.id DESC
+ LIMIT 1)
 LIMIT 1
 
 -- name: throughput

@@ -16,7 +16,7 @@ from starlette.testclient import TestClient
 import pgq_supervisor as pgq
 from pgq_supervisor import db
 from pgq_supervisor.db import Conn
-from pgq_supervisor.jobs import AttemptKind, JobState, NewJob
+from pgq_supervisor.jobs import AttemptKind, JobId, JobState, NewJob
 from pgq_supervisor.periodic import Schedule
 from pgq_supervisor.supervisor.maintenance.scheduler import Scheduler
 from pgq_supervisor.web import create_app
@@ -119,6 +119,38 @@ def test_a_bundle_page_lists_its_jobs_and_an_id_search_opens_it(
     page = client.get(f"/bundles/{done.id}").text
     completion = page.split('id="bundle-completion">')[1].split("</td>")[0]
     assert "report" in completion and "not yet" not in completion
+
+
+def test_a_bundles_completion_is_looked_up_only_once_complete_and_found_after_changes(
+    conn: Conn,
+) -> None:
+    members = [NewJob("a", {}), NewJob("b", {})]
+    bundle = pgq.enqueue_bundle(conn, "import", members, on_complete="report")
+    a, b = db.jobs_page(conn, SCHEMA, bundle_id=bundle.id, limit=5)
+
+    def completions() -> list[JobId]:
+        found = conn.execute("SELECT id FROM pgq.job WHERE type = 'report' ORDER BY id")
+        return [JobId(r[0]) for r in found.fetchall()]
+
+    def shown() -> JobId | None:
+        link = db.bundle_completion(conn, SCHEMA, db.get_bundle(conn, SCHEMA, bundle.id))
+        return None if link is None else link.id
+
+    assert shown() is None
+    db.cancel(conn, SCHEMA, a.id)
+    db.cancel(conn, SCHEMA, b.id)
+    assert shown() == completions()[0]
+    # retried, a member runs again: the last round's completion job is not this round's
+    assert db.reset(conn, SCHEMA, a.id, force=False) is None
+    assert shown() is None
+    db.cancel(conn, SCHEMA, a.id)
+    (_, second) = completions()
+    assert shown() == second
+    # a change after it (a member deleted) moves the bundle's updated_at past the job
+    assert db.delete_job(conn, SCHEMA, b.id)
+    assert shown() == second
+    conn.execute("UPDATE pgq.job_bundle SET updated_at = updated_at + interval '1 hour'")
+    assert shown() == second
 
 
 def test_bulk_actions_ask_first_then_act_on_each_job_that_fits(
