@@ -83,7 +83,9 @@ def job_dependents(conn: Conn, schema: str, job_id: JobId, limit: int) -> list[r
 
 
 def bundles_page(conn: Conn, schema: str, limit: int) -> list[rows.BundleListed]:
-    params: rows.LimitParams = {"limit": limit}
+    params: rows.BundlesPageParams = {
+        "limit": limit, "window": COMPLETION_WINDOW.total_seconds(),
+    }  # fmt: skip
     with wrapped(), cursor(conn, rows.BUNDLE_LISTED) as cur:
         return cur.execute(statement("bundles_page", schema), params).fetchall()
 

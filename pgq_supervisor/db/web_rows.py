@@ -145,6 +145,14 @@ class LimitParams(TypedDict):
     limit: int
 
 
+class BundlesPageParams(TypedDict):
+    """`bundles_page`: how many, and how long after a bundle's last update its completion job
+    may be enqueued (seconds: dashboard.COMPLETION_WINDOW)."""
+
+    limit: int
+    window: float
+
+
 class MinutesParams(TypedDict):
     minutes: int
 
@@ -212,7 +220,7 @@ PARAMS: dict[str, type] = {
     "jobs_page": JobsPageParams,
     "job_dependencies": IdParams,
     "job_dependents": IdLimitParams,
-    "bundles_page": LimitParams,
+    "bundles_page": BundlesPageParams,
     "bundle_completion": BundleCompletionParams,
     "throughput": MinutesParams,
     "type_throughput": TypeWindowParams,

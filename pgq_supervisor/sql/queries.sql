@@ -914,20 +914,43 @@ LIMIT %(limit)s
 
 -- name: bundles_page
 -- The newest bundles (a small table: bundles are deleted with their last job), each with its
--- completion job once enqueued: the job of type on_complete whose payload names the bundle
--- (schema/0001), found through job_type_created_idx.
+-- completion job once complete, found as bundle_completion finds it (on job_pkey, from the
+-- bundle's updated_at, `window` seconds on, else back to its creation): the page of bundles
+-- first, then a few index entries for each complete one, never a scan of the job table.
+WITH page AS (
+    SELECT b.*,
+           (lpad(to_hex(floor(extract(epoch FROM b.created_at) * 1000)::bigint), 12, '0')
+            || repeat('0', 20))::uuid AS since,
+           (lpad(to_hex(floor(extract(epoch FROM b.updated_at) * 1000)::bigint), 12, '0')
+            || repeat('0', 20))::uuid AS done_from,
+           (lpad(to_hex(floor(extract(epoch FROM b.updated_at
+                                               + make_interval(secs => %(window)s))
+                              * 1000)::bigint), 12, '0')
+            || repeat('0', 20))::uuid AS done_until
+    FROM {schema}.job_bundle b
+    ORDER BY b.created_at DESC, b.id DESC
+    LIMIT %(limit)s
+)
 SELECT b.id, b.type, b.origin, b.num_jobs, b.num_jobs_stopped, b.on_complete, b.created_at,
        b.updated_at, c.id AS completion_id, c.state AS completion_state
-FROM {schema}.job_bundle b
+FROM page b
 LEFT JOIN LATERAL (
-    SELECT j.id, j.state FROM {schema}.job j
-    WHERE j.type = b.on_complete AND j.created_at >= b.created_at
-      AND j.payload @> jsonb_build_object('bundle_id', b.id::text)
-    ORDER BY j.created_at DESC
+    (SELECT j.id, j.state FROM {schema}.job j
+     WHERE b.num_jobs > 0 AND b.num_jobs_stopped = b.num_jobs
+       AND j.id >= b.done_from AND j.id < b.done_until AND j.type = b.on_complete
+       AND j.payload @> jsonb_build_object('bundle_id', b.id::text)
+     ORDER BY j.id
+     LIMIT 1)
+    UNION ALL
+    (SELECT j.id, j.state FROM {schema}.job j
+     WHERE b.num_jobs > 0 AND b.num_jobs_stopped = b.num_jobs
+       AND j.id >= b.since AND j.id < b.done_from AND j.type = b.on_complete
+       AND j.payload @> jsonb_build_object('bundle_id', b.id::text)
+     ORDER BY j.id DESC
+     LIMIT 1)
     LIMIT 1
 ) c ON true
 ORDER BY b.created_at DESC, b.id DESC
-LIMIT %(limit)s
 
 -- name: bundle_completion
 -- One complete bundle's completion job, on the primary key: the trigger that enqueues it
