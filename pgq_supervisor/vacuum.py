@@ -10,6 +10,10 @@ from pgq_supervisor.db.health import Backend, Health, JobTable, Prepared, Slot
 
 # 5 minutes: the issue's held snapshot took claim p99 from 22 ms to 450 ms in that time
 MAX_TRANSACTION_AGE = 300.0
+# transactions an active slot's xmin (a standby's hot_standby_feedback) may lag before it counts:
+# PostgreSQL cannot tell when an xid began, and a healthy standby's feedback always holds some
+# xmin, a few transactions behind; about the 5 minutes above at ~300 transactions/s
+MAX_XMIN_AGE = 100_000
 # dead row versions past which the job table needs a vacuum: autovacuum's own default trigger
 # (20 % of the live rows) with a floor, so a small table is not flagged for a few hundred
 DEAD_FLOOR = 10_000
@@ -22,12 +26,19 @@ class Finding:
     action: str  # what to do about it
 
 
-def diagnose(health: Health, schema: str, *, max_age: float = MAX_TRANSACTION_AGE) -> list[Finding]:
+def diagnose(
+    health: Health,
+    schema: str,
+    *,
+    max_age: float = MAX_TRANSACTION_AGE,
+    max_xmin_age: int = MAX_XMIN_AGE,
+) -> list[Finding]:
     """What needs action: sessions and prepared transactions older than `max_age` seconds that
-    hold the horizon, replication slots that hold it or sit inactive, a job table whose dead
-    tuples outgrew what autovacuum lets pass, autovacuum turned off."""
-    found = [_backend(b) for b in health.backends if b.transaction_age >= max_age]
-    found += [_slot(s) for s in health.slots if _slot_holds(s)]
+    hold the horizon; replication slots that sit inactive, and active slots and walsenders whose
+    xmin is `max_xmin_age` transactions behind or more; a job table whose dead tuples outgrew
+    what autovacuum lets pass; autovacuum turned off."""
+    found = [_backend(b) for b in health.backends if _backend_holds(b, max_age, max_xmin_age)]
+    found += [_slot(s) for s in health.slots if _slot_holds(s, max_xmin_age)]
     found += [_prepared(p) for p in health.prepared if p.age >= max_age]
     settings = {s.name: s.value for s in health.settings}
     if settings.get("autovacuum") == "off":
@@ -54,7 +65,8 @@ def diagnose(health: Health, schema: str, *, max_age: float = MAX_TRANSACTION_AG
 
 def oldest_transaction(health: Health) -> float:
     """Seconds the oldest horizon-holding transaction has been open (0: none)."""
-    ages = [b.transaction_age for b in health.backends] + [p.age for p in health.prepared]
+    ages = [b.transaction_age for b in health.backends if b.transaction_age is not None]
+    ages += [p.age for p in health.prepared]
     return max(ages, default=0.0)
 
 
@@ -70,7 +82,25 @@ def duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
+def _backend_holds(b: Backend, max_age: float, max_xmin_age: int) -> bool:
+    """A transaction counts by how long it has been open; an xmin held outside any (a
+    walsender's hot_standby_feedback without a slot) by how far behind it is, as a slot's."""
+    if b.transaction_age is None:
+        return b.xmin_age >= max_xmin_age
+    return b.transaction_age >= max_age
+
+
 def _backend(b: Backend) -> Finding:
+    if b.transaction_age is None:
+        return Finding(
+            f"{b.backend_type or 'backend'} pid {b.pid} (user {b.user_name or '?'}, application"
+            f" {b.application_name or '-'!r}) holds the xmin horizon {b.xmin_age:,} transactions"
+            " behind, outside any transaction: a standby's hot_standby_feedback (no slot)"
+            " for queries it runs",
+            "end the standby's long queries (or bound them with statement_timeout there), or turn"
+            " hot_standby_feedback off on it; terminating this walsender only lasts until the"
+            " standby reconnects",
+        )
     query = " ".join(b.query.split())
     return Finding(
         f"session pid {b.pid} (user {b.user_name or '?'},"
@@ -82,8 +112,10 @@ def _backend(b: Backend) -> Finding:
     )
 
 
-def _slot_holds(s: Slot) -> bool:
-    return not s.active or s.xmin_age is not None
+def _slot_holds(s: Slot, max_xmin_age: int) -> bool:
+    """An inactive slot keeps WAL (and any xmin) for a consumer that may never come back; an
+    active one only when its consumer holds the horizon far behind."""
+    return not s.active or (s.xmin_age is not None and s.xmin_age >= max_xmin_age)
 
 
 def _slot(s: Slot) -> Finding:

@@ -18,7 +18,7 @@ from pgq_supervisor.connect import open_db
 from pgq_supervisor.db.health import Health, read_health
 from pgq_supervisor.errors import InvalidInput
 from pgq_supervisor.settings import Settings, parse_duration
-from pgq_supervisor.vacuum import MAX_TRANSACTION_AGE, Finding, diagnose, mib
+from pgq_supervisor.vacuum import MAX_TRANSACTION_AGE, MAX_XMIN_AGE, Finding, diagnose, mib
 
 Parser = TypeVar("Parser", bound=argparse.ArgumentParser)
 NEEDS_ACTION = 1
@@ -36,6 +36,13 @@ def add_command(sub: argparse._SubParsersAction[Parser], parents: list[Parser]) 
         default=f"{MAX_TRANSACTION_AGE:g}s",
         help="a transaction open longer than this holds vacuum back (default 5m; 30s, 2h, ...)",
     )
+    p.add_argument(
+        "--max-xmin-age",
+        type=int,
+        default=MAX_XMIN_AGE,
+        help="an active replication slot (a standby's hot_standby_feedback) counts once its xmin"
+        f" is this many transactions behind (default {MAX_XMIN_AGE:,}); an inactive one always",
+    )
     p.set_defaults(handler=cmd_doctor)
 
 
@@ -43,11 +50,13 @@ def cmd_doctor(args: argparse.Namespace, settings: Settings) -> int:
     max_age = parse_duration(str(args.max_transaction_age))
     if max_age <= 0:
         raise InvalidInput("invalid --max-transaction-age: must be > 0")
+    if args.max_xmin_age <= 0:
+        raise InvalidInput("invalid --max-xmin-age: must be > 0 (transactions)")
     schema = settings.db_schema
     _, conn = open_db(settings)
     with conn:
         health = read_health(conn, schema, older_than=max_age)
-    findings = diagnose(health, schema, max_age=max_age)
+    findings = diagnose(health, schema, max_age=max_age, max_xmin_age=args.max_xmin_age)
     if args.json:
         print(json.dumps(_json(health, findings), default=str))
     else:

@@ -6,20 +6,25 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from psycopg import errors as pg_errors
 from psycopg.rows import scalar_row
 
 from pgq_supervisor.db import web_rows as rows
 from pgq_supervisor.db.connection import Conn, cursor, statement, wrapped
-from pgq_supervisor.db.params import IdParams, NoParams, TypeParams, new_id
+from pgq_supervisor.db.params import IdParams, NoParams, TypeParams, id_floor, new_id
 from pgq_supervisor.errors import DatabaseError
 from pgq_supervisor.jobs import Bundle, BundleId, JobId, JobState
 
 
 class SearchTimedOut(DatabaseError):
     """A bounded search (jobs_page's time_limit) ran out of time; nothing was changed."""
+
+
+# how long after the transaction that completed a bundle began its completion job may be
+# enqueued (the trigger runs when the last member stops, within that transaction)
+COMPLETION_WINDOW = timedelta(minutes=1)
 
 
 def jobs_page(
@@ -78,18 +83,23 @@ def job_dependents(conn: Conn, schema: str, job_id: JobId, limit: int) -> list[r
 
 
 def bundles_page(conn: Conn, schema: str, limit: int) -> list[rows.BundleListed]:
-    params: rows.LimitParams = {"limit": limit}
+    params: rows.BundlesPageParams = {
+        "limit": limit, "window": COMPLETION_WINDOW.total_seconds(),
+    }  # fmt: skip
     with wrapped(), cursor(conn, rows.BUNDLE_LISTED) as cur:
         return cur.execute(statement("bundles_page", schema), params).fetchall()
 
 
 def bundle_completion(conn: Conn, schema: str, bundle: Bundle) -> rows.JobLink | None:
     """The job `bundle.on_complete` enqueued for it once it completed (None: not yet, or
-    none declared)."""
-    if bundle.on_complete is None:
+    none declared). No query while a member has not stopped: the job cannot exist yet (the
+    dashboard's live page asks every 2 s)."""
+    if bundle.on_complete is None or not bundle.is_complete:
         return None
     params: rows.BundleCompletionParams = {
-        "id": bundle.id, "type": bundle.on_complete, "since": bundle.created_at,
+        "id": bundle.id, "type": bundle.on_complete, "since": id_floor(bundle.created_at),
+        "done_from": id_floor(bundle.updated_at),
+        "done_until": id_floor(bundle.updated_at + COMPLETION_WINDOW),
     }  # fmt: skip
     with wrapped(), cursor(conn, rows.JOB_LINK) as cur:
         return cur.execute(statement("bundle_completion", schema), params).fetchone()

@@ -14,13 +14,16 @@ from pgq_supervisor.db.rows import NamedRow
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Backend:
-    """A session whose transaction holds the horizon; `query`: its last, cut at 200 chars."""
+    """A session whose transaction holds the horizon, or a backend holding an xmin outside
+    any transaction (a walsender's hot_standby_feedback: `transaction_age` None); `query`: its
+    last, cut at 200 chars."""
 
     pid: int
     user_name: str
     application_name: str
     state: str
-    transaction_age: float  # seconds
+    backend_type: str  # pg_stat_activity's: client backend, walsender, ...
+    transaction_age: float | None  # seconds; None: not in a transaction
     xmin_age: int  # transactions
     query: str
 

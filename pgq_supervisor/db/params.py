@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TypedDict
 
 from pgq_supervisor.db.option_params import (
@@ -39,6 +39,15 @@ def new_id() -> uuid.UUID:
     """A fresh id (job, bundle, lease), time-ordered (version 7). The one place that makes
     them: a test replaces `uuid` here to make them sequential."""
     return uuid.UUID(int=time_ordered(uuid.uuid4().int, time.time_ns()))
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def id_floor(at: datetime) -> uuid.UUID:
+    """The lowest id new_id() (or the database's new_id()) makes in `at`'s millisecond: a
+    bound for a walk of the primary key by creation time."""
+    return uuid.UUID(int=((at - _EPOCH) // timedelta(milliseconds=1)) << 80)
 
 
 # ---- enqueue --------------------------------------------------------------------------------

@@ -145,6 +145,14 @@ class LimitParams(TypedDict):
     limit: int
 
 
+class BundlesPageParams(TypedDict):
+    """`bundles_page`: how many, and how long after a bundle's last update its completion job
+    may be enqueued (seconds: dashboard.COMPLETION_WINDOW)."""
+
+    limit: int
+    window: float
+
+
 class MinutesParams(TypedDict):
     minutes: int
 
@@ -167,11 +175,14 @@ class WorkersParams(TypedDict):
 
 
 class BundleCompletionParams(TypedDict):
-    """`bundle_completion`: the bundle's id, its on_complete type and creation time."""
+    """`bundle_completion`: the bundle's id, its on_complete type, and the lowest ids of its
+    creation, its last update and a minute after (params.id_floor)."""
 
     id: uuid.UUID
     type: str
-    since: datetime
+    since: uuid.UUID
+    done_from: uuid.UUID
+    done_until: uuid.UUID
 
 
 class TimeLimitParams(TypedDict):
@@ -209,7 +220,7 @@ PARAMS: dict[str, type] = {
     "jobs_page": JobsPageParams,
     "job_dependencies": IdParams,
     "job_dependents": IdLimitParams,
-    "bundles_page": LimitParams,
+    "bundles_page": BundlesPageParams,
     "bundle_completion": BundleCompletionParams,
     "throughput": MinutesParams,
     "type_throughput": TypeWindowParams,

@@ -700,8 +700,10 @@ RETURNING name
 -- name: schedule_run_now
 -- One job as a tick of the schedule would enqueue it, due now, outside its ticks: no
 -- unique_key (a tick's key names its tick), last_tick unchanged. No row for an unknown schedule.
+-- A schedule declared before schema 15 has no stored payload until a supervisor declares it
+-- again: its job gets JSON null, as its ticks did then (job.payload is NOT NULL).
 INSERT INTO {schema}.job (id, type, payload, priority, origin)
-SELECT %(id)s, s.type, s.payload, s.priority, 'periodic:' || s.name || ' (run now)'
+SELECT %(id)s, s.type, coalesce(s.payload, 'null'::jsonb), s.priority, 'periodic:' || s.name || ' (run now)'
 FROM {schema}.schedule s
 WHERE s.name = %(name)s
 RETURNING id
@@ -932,27 +934,63 @@ LIMIT %(limit)s
 
 -- name: bundles_page
 -- The newest bundles (a small table: bundles are deleted with their last job), each with its
--- completion job once enqueued: the job of type on_complete whose payload names the bundle
--- (schema/0001), found through job_type_created_idx.
+-- completion job once complete, found as bundle_completion finds it (on job_pkey, from the
+-- bundle's updated_at, `window` seconds on, else back to its creation): the page of bundles
+-- first, then a few index entries for each complete one, never a scan of the job table.
+WITH page AS (
+    SELECT b.*,
+           (lpad(to_hex(floor(extract(epoch FROM b.created_at) * 1000)::bigint), 12, '0')
+            || repeat('0', 20))::uuid AS since,
+           (lpad(to_hex(floor(extract(epoch FROM b.updated_at) * 1000)::bigint), 12, '0')
+            || repeat('0', 20))::uuid AS done_from,
+           (lpad(to_hex(floor(extract(epoch FROM b.updated_at
+                                               + make_interval(secs => %(window)s))
+                              * 1000)::bigint), 12, '0')
+            || repeat('0', 20))::uuid AS done_until
+    FROM {schema}.job_bundle b
+    ORDER BY b.created_at DESC, b.id DESC
+    LIMIT %(limit)s
+)
 SELECT b.id, b.type, b.origin, b.num_jobs, b.num_jobs_stopped, b.on_complete, b.created_at,
        b.updated_at, c.id AS completion_id, c.state AS completion_state
-FROM {schema}.job_bundle b
+FROM page b
 LEFT JOIN LATERAL (
-    SELECT j.id, j.state FROM {schema}.job j
-    WHERE j.type = b.on_complete AND j.created_at >= b.created_at
-      AND j.payload @> jsonb_build_object('bundle_id', b.id::text)
-    ORDER BY j.created_at DESC
+    (SELECT j.id, j.state FROM {schema}.job j
+     WHERE b.num_jobs > 0 AND b.num_jobs_stopped = b.num_jobs
+       AND j.id >= b.done_from AND j.id < b.done_until AND j.type = b.on_complete
+       AND j.payload @> jsonb_build_object('bundle_id', b.id::text)
+     ORDER BY j.id
+     LIMIT 1)
+    UNION ALL
+    (SELECT j.id, j.state FROM {schema}.job j
+     WHERE b.num_jobs > 0 AND b.num_jobs_stopped = b.num_jobs
+       AND j.id >= b.since AND j.id < b.done_from AND j.type = b.on_complete
+       AND j.payload @> jsonb_build_object('bundle_id', b.id::text)
+     ORDER BY j.id DESC
+     LIMIT 1)
     LIMIT 1
 ) c ON true
 ORDER BY b.created_at DESC, b.id DESC
-LIMIT %(limit)s
 
 -- name: bundle_completion
--- One bundle's completion job once enqueued, found as bundles_page finds it.
-SELECT j.id, j.type, j.state FROM {schema}.job j
-WHERE j.type = %(type)s AND j.created_at >= %(since)s
-  AND j.payload @> jsonb_build_object('bundle_id', %(id)s::text)
-ORDER BY j.created_at DESC
+-- One complete bundle's completion job, on the primary key: the trigger that enqueues it
+-- (schema/0001) sets the bundle's updated_at to its transaction's now() and gives the job an id
+-- of the database's clock (new_id(), time-ordered) at or after it. So it is the first match
+-- from `done_from` (updated_at's millisecond) on, `done_until` (a minute later) bounding that
+-- walk; when a later change of the bundle (a member deleted) moved updated_at past it, the
+-- newest match before `done_from`, back to the bundle's creation (`since`). A few index entries
+-- either way, not a scan of the job table, whose (type, created_at) index is opt-in.
+(SELECT j.id, j.type, j.state FROM {schema}.job j
+ WHERE j.id >= %(done_from)s AND j.id < %(done_until)s AND j.type = %(type)s
+   AND j.payload @> jsonb_build_object('bundle_id', %(id)s::text)
+ ORDER BY j.id
+ LIMIT 1)
+UNION ALL
+(SELECT j.id, j.type, j.state FROM {schema}.job j
+ WHERE j.id >= %(since)s AND j.id < %(done_from)s AND j.type = %(type)s
+   AND j.payload @> jsonb_build_object('bundle_id', %(id)s::text)
+ ORDER BY j.id DESC
+ LIMIT 1)
 LIMIT 1
 
 -- name: throughput
@@ -1080,11 +1118,14 @@ RETURNING id
 -- pg_get_*def functions print the schema's own names unqualified, as the migrations write them.
 
 -- name: health_backends
--- Sessions of this database (and walsenders, which have none) whose transaction has been open
--- longer than `older_than` seconds and holds a snapshot or an xid: vacuum may not remove a row
--- version they might still see, in the job table or any other. The longest open first.
+-- Sessions of this database whose transaction has been open longer than `older_than` seconds
+-- and holds a snapshot or an xid: vacuum may not remove a row version they might still see, in
+-- the job table or any other. And every backend holding an xmin outside any transaction
+-- (xact_start NULL, transaction_age NULL): a walsender whose standby sends hot_standby_feedback
+-- without a slot; vacuum.py judges it by its xmin's age. The farthest behind first (a healthy
+-- standby's walsender, a few transactions behind, comes last).
 SELECT a.pid, coalesce(a.usename::text, '') AS user_name, a.application_name,
-       coalesce(a.state, '') AS state,
+       coalesce(a.state, '') AS state, a.backend_type::text AS backend_type,
        extract(epoch FROM now() - a.xact_start)::float8 AS transaction_age,
        age(coalesce(a.backend_xmin, a.backend_xid))::int AS xmin_age,
        left(coalesce(a.query, ''), 200) AS query
@@ -1092,8 +1133,8 @@ FROM pg_catalog.pg_stat_activity a
 WHERE (a.backend_xmin IS NOT NULL OR a.backend_xid IS NOT NULL)
   AND a.pid <> pg_backend_pid()
   AND (a.datname = current_database() OR a.datname IS NULL)
-  AND a.xact_start < now() - make_interval(secs => %(older_than)s)
-ORDER BY a.xact_start
+  AND (a.xact_start IS NULL OR a.xact_start < now() - make_interval(secs => %(older_than)s))
+ORDER BY age(coalesce(a.backend_xmin, a.backend_xid)) DESC, a.xact_start
 LIMIT 10
 
 -- name: health_slots

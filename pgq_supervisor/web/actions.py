@@ -114,9 +114,12 @@ class Dashboard(Pages):
             message = f"invalid schedule name: {name[:40]!r}"
             return self._flash(RedirectResponse(back, 303), request, False, message)
         who = f"dashboard ({request.client.host})" if request.client else "dashboard"
-        ok, message = await self._write(
-            lambda conn, s: views.schedule_action(conn, s, action, name, who)
-        )
+        try:
+            ok, message = await self._write(
+                lambda conn, s: views.schedule_action(conn, s, action, name, who)
+            )
+        except PgqError as exc:
+            ok, message = False, str(exc)
         return self._flash(RedirectResponse(back, 303), request, ok, message)
 
     async def _guard_named(self, request: Request, named: dict[str, Action]) -> Fields:

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from psycopg.rows import dict_row
 
 import pgq_supervisor as pgq
 from pgq_supervisor import db, sql
-from pgq_supervisor.db import Conn, rows, web_rows
+from pgq_supervisor.db import Conn, params, rows, web_rows
 from pgq_supervisor.jobs import AttemptKind, Bundle, JobId, JobRecord, JobState, LeaseToken
 from pgq_supervisor.periodic import Schedule
 from tests.support.db import SCHEMA, claim, claim_one, listening, make_due
@@ -201,8 +201,12 @@ def _sample_params(conn: Conn) -> dict[str, dict[str, object]]:
         },
         "job_dependencies": {"id": _dependent(conn)},
         "job_dependents": {"id": ids[0], "limit": 10},
-        "bundles_page": {"limit": 10},
-        "bundle_completion": {"id": completed.id, "type": "after", "since": completed.created_at},
+        "bundles_page": {"limit": 10, "window": 60.0},
+        "bundle_completion": {
+            "id": completed.id, "type": "after", "since": params.id_floor(completed.created_at),
+            "done_from": params.id_floor(completed.created_at),
+            "done_until": params.id_floor(datetime.now(UTC) + timedelta(minutes=1)),
+        },
         "throughput": {"minutes": 60},
         "type_throughput": {"type": "done", "window": 3600, "bucket": 60},
         "type_durations": {"type": "done", "window": 3600},

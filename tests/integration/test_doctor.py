@@ -111,6 +111,9 @@ def test_a_bad_age_is_a_usage_error(dsn: str) -> None:
     result = run_cli(["doctor", "--max-transaction-age", "soon"], dsn)
     assert result.returncode == 2
     assert result.stderr.strip() == "error: invalid duration 'soon': use e.g. 30s, 15m, 2h, 7d"
+    result = run_cli(["doctor", "--max-xmin-age", "0"], dsn)
+    assert result.returncode == 2
+    assert result.stderr.strip() == "error: invalid --max-xmin-age: must be > 0 (transactions)"
 
 
 def test_the_supervisors_gauges_show_the_held_snapshot_and_the_dead_tuples(

@@ -16,7 +16,7 @@ from starlette.testclient import TestClient
 import pgq_supervisor as pgq
 from pgq_supervisor import db
 from pgq_supervisor.db import Conn
-from pgq_supervisor.jobs import AttemptKind, JobState, NewJob
+from pgq_supervisor.jobs import AttemptKind, JobId, JobState, NewJob
 from pgq_supervisor.periodic import Schedule
 from pgq_supervisor.supervisor.maintenance.scheduler import Scheduler
 from pgq_supervisor.web import create_app
@@ -119,6 +119,38 @@ def test_a_bundle_page_lists_its_jobs_and_an_id_search_opens_it(
     page = client.get(f"/bundles/{done.id}").text
     completion = page.split('id="bundle-completion">')[1].split("</td>")[0]
     assert "report" in completion and "not yet" not in completion
+
+
+def test_a_bundles_completion_is_looked_up_only_once_complete_and_found_after_changes(
+    conn: Conn,
+) -> None:
+    members = [NewJob("a", {}), NewJob("b", {})]
+    bundle = pgq.enqueue_bundle(conn, "import", members, on_complete="report")
+    a, b = db.jobs_page(conn, SCHEMA, bundle_id=bundle.id, limit=5)
+
+    def completions() -> list[JobId]:
+        found = conn.execute("SELECT id FROM pgq.job WHERE type = 'report' ORDER BY id")
+        return [JobId(r[0]) for r in found.fetchall()]
+
+    def shown() -> JobId | None:
+        link = db.bundle_completion(conn, SCHEMA, db.get_bundle(conn, SCHEMA, bundle.id))
+        return None if link is None else link.id
+
+    assert shown() is None
+    db.cancel(conn, SCHEMA, a.id)
+    db.cancel(conn, SCHEMA, b.id)
+    assert shown() == completions()[0]
+    # retried, a member runs again: the last round's completion job is not this round's
+    assert db.reset(conn, SCHEMA, a.id, force=False) is None
+    assert shown() is None
+    db.cancel(conn, SCHEMA, a.id)
+    (_, second) = completions()
+    assert shown() == second
+    # a change after it (a member deleted) moves the bundle's updated_at past the job
+    assert db.delete_job(conn, SCHEMA, b.id)
+    assert shown() == second
+    conn.execute("UPDATE pgq.job_bundle SET updated_at = updated_at + interval '1 hour'")
+    assert shown() == second
 
 
 def test_bulk_actions_ask_first_then_act_on_each_job_that_fits(
@@ -234,6 +266,29 @@ def test_schedules_show_next_run_and_run_now_pause_resume(
     assert count_rows(conn) == 1
     unknown = client.post("/schedules/run", data={"csrf": token, "name": "nope"})
     assert "no schedule named nope" in unknown.text
+
+
+def test_run_now_of_a_schedule_without_a_stored_payload_enqueues_null_and_errors_flash(
+    client: TestClient, conn: Conn
+) -> None:
+    # declared before schema 15: no payload until a supervisor declares it again
+    db.declare_schedules(conn, SCHEMA, [Schedule.make("old", type="t", cron="0 7 * * *")])
+    conn.execute("UPDATE pgq.schedule SET payload = NULL")
+    token = csrf_of(client, "/schedules")
+    done = client.post("/schedules/run", data={"csrf": token, "name": "old"})
+    assert done.status_code == 200 and "enqueued, due now" in done.text
+    (job,) = db.list_jobs(conn, SCHEMA, state=JobState.PENDING, type_=None, limit=5)
+    assert job.payload is None and job.origin == "periodic:old (run now)"
+    # a database error while enqueuing is one flash message on the page, not a 500
+    conn.execute(
+        "CREATE FUNCTION pgq.refuse() RETURNS trigger LANGUAGE plpgsql AS"
+        " $$BEGIN RAISE EXCEPTION 'no jobs today'; END$$"
+    )
+    conn.execute("CREATE TRIGGER refuse BEFORE INSERT ON pgq.job EXECUTE FUNCTION pgq.refuse()")
+    refused = client.post("/schedules/run", data={"csrf": token, "name": "old"})
+    assert refused.status_code == 200 and refused.url.path == "/schedules"
+    assert "no jobs today" in refused.text
+    assert count_rows(conn) == 1
 
 
 def test_waiting_jobs_show_as_waiting_and_attempts_count_as_the_cli_counts(
