@@ -69,7 +69,7 @@ class Settings(BaseSettings):
         description="child processes; default the CPU count (a container's is the node's)",
     )
     types: list[str] | None = Field(None, description="serve only these job types")
-    # 1 s: a dead pod's jobs are taken back once its lock is free and their heartbeat is two
+    # 1 s: a dead pod's jobs are taken back once its lock is free and their heartbeat is 1.5
     # intervals old (rescuer.py); a beat is one UPDATE of the rows a child holds
     heartbeat_interval: float = Field(
         1.0, gt=0, le=MAX_DURATION, description="seconds between refreshes of worker_alive_at"

@@ -10,7 +10,7 @@
 -- A lock can also be freed while the pod lives (its LISTEN session ended by the server, a
 -- proxy's idle timeout, a pooler that closed its server connection, a crash-restart of the
 -- server; or only the supervisor process died while its children finish their jobs): so a
--- job is taken back only once its heartbeat has also gone quiet, for twice the rescuer's
+-- job is taken back only once its heartbeat has also gone quiet, for 1.5 times the rescuer's
 -- heartbeat_interval (queries.sql, rescue_orphans). Live children keep their jobs.
 -- locked_on NULL (an older version, or a supervisor whose LISTEN connection is down) and a
 -- row locked on another epoch (written before a restart or a failover freed every lock, until

@@ -845,7 +845,8 @@ WHERE s.locked_on = {schema}.server_epoch() AND s.id <> %(id)s
 -- name: rescue_orphans
 -- The running jobs of supervisors `ids` whose locks are still free in this statement (one that
 -- took its lock back meanwhile keeps its jobs) end as worker deaths, but only those whose
--- heartbeat is also older than %(quiet)s seconds (twice the heartbeat interval): a lock is
+-- heartbeat is also older than %(quiet)s seconds (1.5 heartbeat intervals: a beat was missed,
+-- the next one late): a lock is
 -- freed too when a living pod's LISTEN session ends (the server or a proxy ended it, a pooler
 -- closed its server connection, the server crashed and restarted) or when only the supervisor
 -- process died while its children finish their jobs; children that still beat keep their

@@ -14,7 +14,7 @@ from tests.support.processes import APP, Supervisor, count
 from tests.support.waiting import wait_for
 
 # the heartbeat timeout would take a minute: what brings the jobs back must be the lock (and
-# the heartbeat gone quiet for two default intervals, 2 s)
+# the heartbeat gone quiet for 1.5 default intervals, 1.5 s)
 SLOW_HEARTBEAT = ("--dead-after", "60")
 
 

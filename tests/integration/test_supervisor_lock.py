@@ -1,6 +1,6 @@
 """A supervisor's session lock (schema/0016): when its session ends, another supervisor's
 rescuer takes back the running jobs of its children once their heartbeat has gone quiet too
-(`quiet`: twice the heartbeat interval), without waiting for dead_after; while anyone holds the
+(`quiet`: 1.5 heartbeat intervals), without waiting for dead_after; while anyone holds the
 lock, or the row never said it held one, or the children still beat, nothing is taken."""
 
 from __future__ import annotations

@@ -214,7 +214,7 @@ class Services:
     ) -> Services:
         return cls(
             rescuer=Rescuer(
-                settings.db_schema, settings.dead_after, quiet=2 * settings.heartbeat_interval
+                settings.db_schema, settings.dead_after, quiet=1.5 * settings.heartbeat_interval
             ),
             queue_metrics=(
                 QueueMetrics(settings.db_schema, metrics)

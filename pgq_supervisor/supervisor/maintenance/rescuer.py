@@ -1,6 +1,6 @@
 """Reclaims jobs whose heartbeat went stale (a whole pod died, a child hung), and, within
 seconds, the jobs of supervisors whose session lock was freed (their process died: schema/0016)
-once their heartbeat has gone quiet too (`quiet`, twice the heartbeat interval: a lock is also
+once their heartbeat has gone quiet too (`quiet`, 1.5 heartbeat intervals: a lock is also
 freed when a living pod loses its LISTEN session, and its children still beat).
 
 Staleness is judged by the database clock, so supervisors with skewed clocks agree. Safe with
@@ -29,10 +29,10 @@ class RescueResult:
 
 class Rescuer:
     def __init__(
-        self, schema: str, dead_after: float, *, quiet: float = 2.0, limit: int = 1000
+        self, schema: str, dead_after: float, *, quiet: float = 1.5, limit: int = 1000
     ) -> None:
-        """`quiet`: the heartbeat age past which a gone supervisor's job is taken back (twice
-        the heartbeat interval; 2.0 is twice the default)."""
+        """`quiet`: the heartbeat age past which a gone supervisor's job is taken back (1.5
+        heartbeat intervals: a beat missed and the next one late; 1.5 for the default of 1 s)."""
         if dead_after <= 0 or quiet <= 0:
             raise ValueError("dead_after and quiet must be > 0")
         self.schema = schema
