@@ -22,6 +22,8 @@ import pydantic
 from pgq_supervisor.aging import Aging
 from pgq_supervisor.errors import AppLoadError, ConfigError, InvalidInput
 from pgq_supervisor.jobs import Job, JsonValue, check_type_name
+from pgq_supervisor.limits import Limits as Limits
+from pgq_supervisor.limits import Rate as Rate
 from pgq_supervisor.periodic import Schedule
 
 F = TypeVar("F", bound=Callable[..., object])
@@ -81,66 +83,6 @@ UNHANDLED = Policy(timeout=None, max_retry_count=0, backoff=_no_retry)
 
 
 @dataclass(frozen=True, slots=True)
-class Rate:
-    """At most `max_starts` starts of a type per `period` seconds, across every supervisor: no
-    window of `period` seconds (by the jobs' started_at, the database clock) holds more. The
-    window slides in steps of period / 20 (schema/0007), so a full window frees up at most
-    that much later than it could."""
-
-    max_starts: int
-    period: float
-
-    @classmethod
-    def parse(cls, type_: str, rate: object) -> Rate:
-        """`(N, period)` with N a positive integer and period seconds or a timedelta, > 0;
-        ConfigError otherwise."""
-        if isinstance(rate, tuple | list) and len(rate) == 2:
-            n, period = rate
-            if isinstance(period, timedelta):
-                period = period.total_seconds()
-            if (
-                isinstance(n, int)
-                and not isinstance(n, bool)
-                and n > 0
-                and isinstance(period, int | float)
-                and not isinstance(period, bool)
-                and math.isfinite(period)
-                and period > 0
-            ):
-                return cls(n, float(period))
-        raise ConfigError(
-            f"handler {type_!r}: rate must be (max_starts, period) with max_starts an integer"
-            f" > 0 and period seconds or a timedelta > 0, got {rate!r}"
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class Limits:
-    """Concurrency limits of a type, across every supervisor (schema/0008): at most `global_`
-    of its jobs running at once, and at most `per_key` running with one concurrency_key (jobs
-    of one key start in claim order). None: no such limit."""
-
-    global_: int | None
-    per_key: int | None
-
-    @classmethod
-    def parse(cls, type_: str, global_: object, per_key: object) -> Limits | None:
-        """None when neither is given; ConfigError unless each given one is an integer > 0."""
-        for name, value in (("global_concurrency", global_), ("key_concurrency", per_key)):
-            if value is not None and (
-                not isinstance(value, int) or isinstance(value, bool) or value <= 0
-            ):
-                raise ConfigError(
-                    f"handler {type_!r}: {name} must be an integer > 0, got {value!r}"
-                )
-        if global_ is None and per_key is None:
-            return None
-        assert global_ is None or isinstance(global_, int)
-        assert per_key is None or isinstance(per_key, int)
-        return cls(global_, per_key)
-
-
-@dataclass(frozen=True, slots=True)
 class ClaimPolicy:
     """The arrays a claim passes: the types a worker takes and each one's retry budget (the
     claim stores it on jobs enqueued without their own)."""
@@ -161,6 +103,7 @@ class Handler:
     limits: Limits | None = None
     concurrency: int | None = None  # at most this many of the type in flight in one child
     aging: Aging | None = None  # its pending jobs' priority rises with their wait
+    workflow: bool = False  # `func(ctx, payload)`: the executor gives it its context
 
     @property
     def is_async(self) -> bool:
@@ -264,6 +207,38 @@ class Registry:
 
         return register
 
+    def workflow(
+        self,
+        type_: str,
+        *,
+        timeout: float | None = None,
+        max_retry_count: int = DEFAULT_MAX_RETRY_COUNT,
+        retry: RetryPolicy | Backoff | None = None,
+        concurrency: int | None = None,
+        global_concurrency: int | None = None,
+    ) -> Callable[[F], F]:
+        """Register the decorated `func(ctx, payload)` (sync or async) as the workflow of
+        `type_` (docs/workflows.md). The options are `handler`'s; `timeout` bounds each run
+        (a sleep or a wait ends one), `max_retry_count` and `retry` apply to each step."""
+        register = self.handler(
+            type_, timeout=timeout, max_retry_count=max_retry_count, retry=retry,
+            concurrency=concurrency, global_concurrency=global_concurrency,
+        )  # fmt: skip
+
+        def decorate(func: F) -> F:
+            params = list(inspect.signature(func).parameters.values())
+            if len(params) != 2:
+                raise ConfigError(f"workflow {type_!r} must take (ctx, payload)")
+            register(_stand_in)
+            handler = self.handlers[type_]
+            adapter = _adapter(type_, func, params[1].name)
+            self.handlers[type_] = dataclasses.replace(
+                handler, func=func, adapter=adapter, workflow=True, wants_conn=True
+            )
+            return func
+
+        return decorate
+
     def periodic(
         self,
         name: str,
@@ -360,6 +335,24 @@ class Registry:
         )
 
 
+def _stand_in(payload: object) -> None:
+    """Registered for a workflow while its own function (ctx, payload) replaces it."""
+
+
+def _adapter(
+    type_: str, func: Callable[..., object], name: str
+) -> pydantic.TypeAdapter[object] | None:
+    """The payload's validator, from the annotation of `func`'s parameter `name`."""
+    try:
+        hints = inspect.get_annotations(func, eval_str=True)
+    except Exception as exc:
+        raise ConfigError(f"handler {type_!r}: cannot resolve annotations: {exc}") from exc
+    annotation = hints.get(name, inspect.Parameter.empty)
+    if annotation is inspect.Parameter.empty or annotation is object:
+        return None
+    return pydantic.TypeAdapter(annotation)
+
+
 def _make_handler(
     type_: str,
     func: Callable[..., object],
@@ -380,18 +373,10 @@ def _make_handler(
         raise ConfigError(
             f"handler {type_!r}: unknown parameters {sorted(unknown)} (allowed: job, conn)"
         )
-    try:
-        hints = inspect.get_annotations(func, eval_str=True)
-    except Exception as exc:
-        raise ConfigError(f"handler {type_!r}: cannot resolve annotations: {exc}") from exc
-    annotation = hints.get(params[0].name, inspect.Parameter.empty)
-    adapter = None
-    if annotation is not inspect.Parameter.empty and annotation is not object:
-        adapter = pydantic.TypeAdapter(annotation)
     return Handler(
         type=type_,
         func=func,
-        adapter=adapter,
+        adapter=_adapter(type_, func, params[0].name),
         wants_job="job" in names,
         wants_conn="conn" in names,
         policy=Policy(timeout=timeout, max_retry_count=max_retry_count, backoff=backoff),

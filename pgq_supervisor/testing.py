@@ -142,7 +142,7 @@ class _Drain:
         self.types = [t for t in registry.types if t not in ignore]
         worker_id = f"testing:{os.getpid()}"
         recorder = Recorder(conn, s)
-        self.executor = Executor(registry, worker_id, progress=recorder)
+        self.executor = Executor(registry, worker_id, progress=recorder, schema=s)
         self.completer = Completer(s, worker_id)
         self.policy = registry.claim_policy(self.types)
         self.result = DrainResult(progress=recorder.values)

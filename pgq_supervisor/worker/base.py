@@ -86,7 +86,7 @@ def child_parts(spec: ChildSpec, registry: Registry) -> tuple[Heartbeat, Executo
     )
     # the heartbeat thread writes progress too: on its own connection, never inside a
     # `conn` handler's transaction
-    executor = Executor(registry, spec.worker_id, progress=heartbeat.progress)
+    executor = Executor(registry, spec.worker_id, progress=heartbeat.progress, schema=spec.schema)
     completer = Completer(
         spec.schema, spec.worker_id, heartbeat=heartbeat, flush_every=REPORT_EVERY
     )
