@@ -24,6 +24,11 @@ CREATE TABLE workflow_step (
     PRIMARY KEY (job_id, seq)
 );
 
+-- The workflows paused now (sleeping, waiting, retrying a step), for the metrics: the paused
+-- rows only, a handful per workflow asleep, whatever its history's length.
+CREATE INDEX workflow_step_paused_idx ON workflow_step (job_id)
+    WHERE state IN ('sleeping', 'waiting', 'retrying');
+
 -- Signals sent to a job (pgq.signal), kept until the job is deleted: one sent before its wait
 -- is reached is there when it is. The first signal of a name wins.
 CREATE TABLE workflow_signal (

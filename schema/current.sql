@@ -234,6 +234,8 @@ CREATE INDEX job_unusual_created_idx ON job USING btree (state, created_at, id) 
 
 CREATE INDEX job_dependency_depends_on_idx ON job_dependency USING btree (depends_on);
 
+CREATE INDEX workflow_step_paused_idx ON workflow_step USING btree (job_id) WHERE state = ANY (ARRAY['sleeping'::text, 'waiting'::text, 'retrying'::text]);
+
 -- ==== Triggers ==================================================================================
 
 CREATE TRIGGER job_bundle_count_delete AFTER DELETE ON job FOR EACH ROW WHEN (old.bundle_id IS NOT NULL) EXECUTE FUNCTION job_bundle_count();

@@ -8,6 +8,10 @@ from typing import TypedDict
 from pgq_supervisor.jobs import JobId, LeaseToken
 
 
+class NoWorkflowParams(TypedDict):
+    pass
+
+
 class WorkflowIdParams(TypedDict):
     id: JobId
 
@@ -54,4 +58,5 @@ WORKFLOW_PARAMS: dict[str, type] = {
     "workflow_signal": WorkflowSignalParams,
     "workflow_adopt": WorkflowAdoptParams,
     "workflow_steps": WorkflowIdParams,
+    "workflows_paused": NoWorkflowParams,
 }

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from psycopg.rows import scalar_row
+from psycopg.rows import scalar_row, tuple_row
 
 from pgq_supervisor.db import rows
 from pgq_supervisor.db.connection import AsyncConn, Conn, cursor, cursor_async, statement, wrapped
@@ -145,3 +145,10 @@ def record_params(
         "wake_in": wake_in, "duration": duration,
         "finished": state not in ("sleeping", "waiting"),
     }  # fmt: skip
+
+
+def paused(conn: Conn, schema: str) -> dict[tuple[str, str], int]:
+    """Pending workflows by (type, what they are paused on: sleeping, waiting, retrying)."""
+    with wrapped(), cursor(conn, tuple_row) as cur:
+        found = cur.execute(statement("workflows_paused", schema)).fetchall()
+    return {(str(t), str(state)): int(n) for t, state, n in found}

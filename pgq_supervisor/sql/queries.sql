@@ -1068,3 +1068,11 @@ UPDATE {schema}.job SET workflow_parent = %(parent)s WHERE id = %(id)s
 -- A workflow's steps as `show` and the dashboard list them.
 SELECT seq, name, kind, state, result, error, tries, wake_at, duration, started_at, finished_at
 FROM {schema}.workflow_step WHERE job_id = %(id)s ORDER BY seq
+
+-- name: workflows_paused
+-- Pending workflows by type and what they are paused on (their last step: sleeping, waiting,
+-- retrying), for pgq_workflows_paused; reads workflow_step_paused_idx's rows only.
+SELECT j.type, s.state, count(*)::int
+FROM {schema}.workflow_step s JOIN {schema}.job j ON j.id = s.job_id
+WHERE s.state IN ('sleeping', 'waiting', 'retrying') AND j.state = 'pending'
+GROUP BY 1, 2

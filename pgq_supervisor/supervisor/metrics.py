@@ -17,6 +17,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from prometheus_client.exposition import generate_latest
 
 from pgq_supervisor import db
+from pgq_supervisor.db import workflows
 from pgq_supervisor.jobs import JobState, TypeStats
 
 log = logging.getLogger(__name__)
@@ -93,7 +94,15 @@ class Metrics:
             " PostgreSQL trigger counts (the schema's depth())",
             registry=r,
         )
+        self.workflows_paused = Gauge(
+            "pgq_workflows_paused",
+            "Pending workflows by what their last step is paused on: a sleep (reason=sleeping),"
+            " a signal or a child job (waiting), a failed step's retry (retrying)",
+            ["type", "reason"],
+            registry=r,
+        )
         self._known_types: set[str] = set()
+        self._paused_keys: set[tuple[str, str]] = set()
         self._controlled: set[str] = set()
         self._limited: set[str] = set()
         self._durations: dict[str, Histogram] = {}  # per type: labels() is not cheap
@@ -173,6 +182,12 @@ class Metrics:
             self.held_back.labels(t, "key_concurrency").set(0)
         self._limited |= {lim.type for lim in limits}
 
+    def update_workflows(self, paused: dict[tuple[str, str], int]) -> None:
+        # a type whose workflows all woke reports 0 rather than a stale value
+        for key in paused.keys() | self._paused_keys:
+            self.workflows_paused.labels(*key).set(paused.get(key, 0))
+        self._paused_keys |= paused.keys()
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
@@ -200,6 +215,8 @@ class QueueMetrics:
             controls = db.type_controls(conn, self.schema)
             limits = db.type_limits(conn, self.schema)
             depth = db.depth(conn, self.schema)
+            paused = workflows.paused(conn, self.schema)
+        self.metrics.update_workflows(paused)
         self.metrics.update_queue(stats)
         self.metrics.depth.set(depth)
         self.metrics.update_controls(controls, stats)

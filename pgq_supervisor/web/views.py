@@ -10,8 +10,15 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from pgq_supervisor import db
+from pgq_supervisor.db import workflows
 from pgq_supervisor.db.rows import JobListed, ThroughputMinute
-from pgq_supervisor.display import children_of, not_started, progress_cell
+from pgq_supervisor.display import (
+    children_of,
+    current_pause,
+    not_started,
+    progress_cell,
+    step_line,
+)
 from pgq_supervisor.errors import JobNotFound
 from pgq_supervisor.jobs import JobId, JobState, JsonValue, check_type_name
 
@@ -285,7 +292,10 @@ def job(conn: db.Conn, schema: str, job_id: JobId) -> Data:
             bundle = None
     error_data = record.error_data if isinstance(record.error_data, dict) else {}
     attempts = [a for a in record.attempts if isinstance(a, dict)]
+    steps = workflows.steps(conn, schema, job_id)
     return {
+        "steps": [step_line(s) for s in steps],
+        "pause": current_pause(steps) if record.state is JobState.PENDING else None,
         "job": record,
         "bundle": bundle,
         "attempts": attempts,

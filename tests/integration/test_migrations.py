@@ -397,6 +397,10 @@ INDEXES |= {
     "workflow_signal_pkey": (
         "CREATE UNIQUE INDEX workflow_signal_pkey ON {s}.workflow_signal USING btree (job_id, name)"
     ),
+    "workflow_step_paused_idx": (
+        "CREATE INDEX workflow_step_paused_idx ON {s}.workflow_step USING btree (job_id)"
+        " WHERE (state = ANY (ARRAY['sleeping'::text, 'waiting'::text, 'retrying'::text]))"
+    ),
     "workflow_step_pkey": (
         "CREATE UNIQUE INDEX workflow_step_pkey ON {s}.workflow_step USING btree (job_id, seq)"
     ),
