@@ -25,9 +25,10 @@ GROUPS = (
     "deep",
     "soak",
     "web",
+    "workflows",
 )
 # groups run only when named in --only (long, or made for one question)
-OPT_IN = ("deep", "soak")
+OPT_IN = ("deep", "soak", "workflows")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
