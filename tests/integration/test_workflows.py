@@ -14,7 +14,8 @@ import pgq_supervisor as pgq
 from pgq_supervisor import db, testing
 from pgq_supervisor.db import Conn
 from pgq_supervisor.db import workflows as wdb
-from tests.support.db import get, make_due
+from pgq_supervisor.jobs import LeaseToken
+from tests.support.db import claim_one, get, make_due
 
 S = "pgq"
 
@@ -345,3 +346,32 @@ def test_a_sleeping_or_waiting_workflow_can_be_cancelled(conn: Conn) -> None:
     pgq.signal(conn, job_id, "approved", 1)  # kept, wakes nothing
     assert get(conn, job_id).state is pgq.JobState.CANCELLED
     assert testing.drain(conn, registry).outcomes == []
+
+
+def test_a_signal_that_commits_while_the_workflow_is_still_running_is_not_lost(
+    conn: Conn,
+) -> None:
+    """The run saw no signal and recorded its wait; the signal commits while the job is still
+    running (nothing to wake yet); then the run's suspension is written: it must find the
+    signal and leave the job due now, not asleep until its deadline."""
+    pgq.enqueue(conn, "approve", {})
+    job = claim_one(conn, "approve", worker_id="w")
+    params = wdb.record_params(job.id, job.lease, 0, "approved", "wait", "waiting")
+    assert wdb.record(conn, S, params) is not None
+    assert pgq.signal(conn, job.id, "approved", "yes") is True
+    assert get(conn, job.id).state is pgq.JobState.RUNNING
+    (ended,) = wdb.suspend(conn, S, job.id, lease=job.lease, delay=3600, wait="approved")
+    assert ended.new_state is pgq.JobState.PENDING
+    assert get(conn, job.id).start_at <= db.db_now(conn, S)
+    assert testing.drain(conn, _waiting()).succeeded == 1
+    assert get(conn, job.id).result == {"answer": "yes"}
+
+
+def test_a_suspension_by_a_worker_that_lost_the_job_writes_nothing(conn: Conn) -> None:
+    pgq.enqueue(conn, "approve", {})
+    job = claim_one(conn, "approve", worker_id="w")
+    stale = LeaseToken(uuid.uuid4())
+    assert wdb.suspend(conn, S, job.id, lease=stale, delay=60, wait=None) == []
+    assert get(conn, job.id).state is pgq.JobState.RUNNING
+    params = wdb.record_params(job.id, stale, 0, "approved", "wait", "waiting")
+    assert wdb.record(conn, S, params) is None
