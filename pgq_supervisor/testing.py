@@ -183,6 +183,11 @@ class _Drain:
         handler = self.registry.handlers.get(job.type)
         if handler is None or not handler.is_async:
             return False
+        if handler.workflow:
+            raise TypeError(
+                f"workflow {job.type!r} is async: drain() runs sync workflows only; run it"
+                " under the supervisor"
+            )
         if handler.wants_conn:
             raise TypeError(
                 f"handler {job.type!r} is async and takes conn: drain() cannot give it"

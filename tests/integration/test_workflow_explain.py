@@ -5,8 +5,11 @@ row due later. Its steps live in workflow_step, which the claim does not read.""
 
 from __future__ import annotations
 
+from psycopg import sql
+
+from pgq_supervisor import sql as queries
 from pgq_supervisor.db import Conn
-from tests.integration.test_explain import _assert_ordered_walk, _job_scans, _pick_plan
+from tests.integration.test_explain import _assert_ordered_walk, _job_scans, _nodes, _pick_plan
 
 READY = """
 INSERT INTO pgq.job (type, payload, priority)
@@ -63,3 +66,19 @@ def test_ten_thousand_sleeping_workflows_change_nothing_the_claim_reads(conn: Co
     assert after == before
     # the due pick reads job_delayed_idx up to now(): none of the 10,000 due later
     assert after[("a", "b"), True] == ("job_delayed_idx", 0, 0)
+
+
+def test_the_paused_workflows_metric_reads_only_the_paused_steps(conn: Conn) -> None:
+    conn.execute(READY)
+    conn.execute(SLEEPERS)
+    conn.execute(
+        "UPDATE pgq.workflow_step SET state = 'succeeded' WHERE seq = 4 AND random() < 0.9"
+    )
+    _analyze(conn)
+    query = sql.SQL("EXPLAIN (FORMAT JSON) ") + queries.query("workflows_paused", "pgq")
+    row = conn.execute(query).fetchone()
+    assert row is not None
+    nodes = list(_nodes(row[0][0]["Plan"]))
+    steps = [n for n in nodes if n.get("Relation Name") == "workflow_step"]
+    assert steps and not [s for s in steps if s["Node Type"] == "Seq Scan"], nodes
+    assert "workflow_step_paused_idx" in {n.get("Index Name") for n in nodes}, nodes
