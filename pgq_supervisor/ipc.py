@@ -122,6 +122,7 @@ class Report:
 
     outcomes: tuple[tuple[str, OutcomeKind, float], ...]
     wake_latencies: tuple[float, ...] = ()
+    steps: tuple[tuple[str, str, str, int], ...] = ()  # workflow rows written (tally.py)
 
 
 @dataclass(frozen=True, slots=True)

@@ -336,6 +336,7 @@ class Supervisor:
             match msg:
                 case Report():
                     self.metrics.record(msg.outcomes, msg.wake_latencies)
+                    self.metrics.record_steps(msg.steps)
                     self.services.activity.record(msg.outcomes)
                 case Idle():
                     # a claim found nothing: if a rate window held jobs back, learn when it

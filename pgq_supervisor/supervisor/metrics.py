@@ -101,6 +101,14 @@ class Metrics:
             ["type", "reason"],
             registry=r,
         )
+        self.workflow_steps = Counter(
+            "pgq_workflow_steps_total",
+            "Workflow calls run (not replayed), by the row each wrote: kind step, enqueue,"
+            " sleep, wait or patch; state succeeded, retrying (a step's try failed), failed,"
+            " sleeping, waiting (a sleep or a wait begun) or timed_out",
+            ["type", "kind", "state"],
+            registry=r,
+        )
         self._known_types: set[str] = set()
         self._paused_keys: set[tuple[str, str]] = set()
         self._controlled: set[str] = set()
@@ -181,6 +189,10 @@ class Metrics:
             self.held_back.labels(t, "global_concurrency").set(0)
             self.held_back.labels(t, "key_concurrency").set(0)
         self._limited |= {lim.type for lim in limits}
+
+    def record_steps(self, steps: Sequence[tuple[str, str, str, int]]) -> None:
+        for type_, kind, state, n in steps:
+            self.workflow_steps.labels(type_, kind, state).inc(n)
 
     def update_workflows(self, paused: dict[tuple[str, str], int]) -> None:
         # a type whose workflows all woke reports 0 rather than a stale value

@@ -35,6 +35,7 @@ from pgq_supervisor.signals import ChildSignals
 from pgq_supervisor.worker.completion import Completer
 from pgq_supervisor.worker.executor import Executor
 from pgq_supervisor.worker.heartbeat import Heartbeat
+from pgq_supervisor.workflows import tally
 
 log = logging.getLogger(__name__)
 
@@ -219,10 +220,10 @@ class BaseWorker:
         outcomes = self.completer.take_outcomes()
         latencies, self.latencies = self.latencies, []
         self.last_report = self.clock()
-        if outcomes or latencies:
-            self.pipe.send(
-                Report(tuple((o.job.type, o.kind, o.duration) for o in outcomes), tuple(latencies))
-            )
+        steps = tally.take()
+        if outcomes or latencies or steps:
+            ended = tuple((o.job.type, o.kind, o.duration) for o in outcomes)
+            self.pipe.send(Report(ended, tuple(latencies), steps))
 
     def _retire_if_due(self) -> None:
         """max_jobs_per_child or max_memory_per_child reached: say so, and stop."""

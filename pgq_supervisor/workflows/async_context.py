@@ -23,6 +23,7 @@ from pgq_supervisor.errors import (
 )
 from pgq_supervisor.jobs import Job, JobId, JsonValue
 from pgq_supervisor.jsontext import dump_json
+from pgq_supervisor.workflows import tally
 from pgq_supervisor.workflows.replay import (
     FOREVER,
     Pending,
@@ -216,4 +217,5 @@ class AsyncWorkflowContext:
         written = await wdb.record_async(self.conn, self.schema, params)
         if written is None:
             raise _Unwritten
+        tally.count(self.job.type, kind, state)
         return written.wake_in

@@ -14,6 +14,7 @@ import time
 
 import pgq_supervisor as pgq
 from tests.acceptance.conftest import Conn
+from tests.acceptance.scrape import free_port, metric, scrape
 from tests.support.processes import FAST, Supervisor, count
 from tests.support.waiting import wait_for
 
@@ -119,7 +120,10 @@ def test_a_sleep_resumes_on_time_across_a_supervisor_restart(
 def test_signals_before_and_after_the_wait_and_a_timeout(
     dsn: str, db: Conn, sups: list[Supervisor]
 ) -> None:
-    sup = Supervisor(dsn, APP, "--procs", "2", "--concurrency", "4", *FAST)
+    port = free_port()
+    sup = Supervisor(
+        dsn, APP, "--procs", "2", "--concurrency", "4", "--metrics-port", str(port), *FAST
+    )
     sups.append(sup)
     sup.wait_ready(2)
     with db.transaction():  # sent before the workflow reached its wait: kept
@@ -144,6 +148,19 @@ def test_signals_before_and_after_the_wait_and_a_timeout(
         assert stopped is not None and stopped.timestamp() - sent < 5
     timed_out = pgq.get_job(db, timing_out).result
     assert isinstance(timed_out, dict) and "timed_out_at" in timed_out
+
+    def steps(kind: str, state: str, type_: str = "approve") -> float:
+        value = metric(scrape(port), "pgq_workflow_steps_total", type=type_, kind=kind, state=state)
+        return value or 0.0
+
+    # the children report their counts every few seconds
+    wait_for(
+        "the steps counted",
+        lambda: steps("wait", "waiting") >= 2 and steps("step", "succeeded") >= 1,
+    )
+    assert steps("wait", "succeeded") == 2  # early, late; the timed out one:
+    assert steps("wait", "timed_out") == 1
+    assert steps("wait", "waiting", "approve_async") == 1
 
 
 def test_async_workflows_and_child_jobs_in_the_in_flight_loop(
