@@ -22,7 +22,10 @@ BULK_CHUNK = 1000
 
 def reset(dsn: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("TRUNCATE pgq.job, pgq.job_bundle, pgq.job_dependency")
+        conn.execute(
+            "TRUNCATE pgq.job, pgq.job_bundle, pgq.job_dependency, pgq.workflow_step,"
+            " pgq.workflow_signal"
+        )
 
 
 def check_count(dsn: str, expected: int) -> None:

@@ -28,9 +28,10 @@ GROUPS = (
     "soak",
     "web",
     "webidx",
+    "workflows",
 )
 # groups run only when named in --only (long, or made for one question)
-OPT_IN = ("deep", "soak", "webidx")
+OPT_IN = ("deep", "soak", "webidx", "workflows")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from types import FrameType
 from typing import NoReturn
 
-from benchmarks import deadpod, deep, drain, enqueue, hol, peers, probes, soak, web
+from benchmarks import deadpod, deep, drain, enqueue, hol, peers, probes, soak, web, workflows
 from benchmarks.apps import LIMIT, calibrate_spin
 from benchmarks.options import Options, parse_args
 from benchmarks.procs import ROOT
@@ -37,6 +37,9 @@ from benchmarks.report import (
     write_json,
 )
 from benchmarks.server import Scratch, Server, find_server
+
+WORKFLOW_STEPS = 1000  # workflows: no-op steps timed per run
+WORKFLOW_SLEEPERS = 10_000  # workflows: sleeping workflows behind the claim
 
 RESULTS_DIR = ROOT / "benchmarks" / "results"
 # the one non-default setting the harness measures, beside the default, for comparison
@@ -123,6 +126,9 @@ class Bench:
         if "soak" in o.groups:
             for r in runs:
                 steps.append(self.soak_step(r))
+        if "workflows" in o.groups:
+            for r in runs:
+                steps += self.workflow_steps(r)
         if "web" in o.groups:
             steps.append(Step(f"fill {o.web_jobs:,} finished jobs (web)", self.web_fill, ()))
             for r in runs:
@@ -273,6 +279,8 @@ class Bench:
             ]
         if "soak" in self.opts.groups:
             self.order += ["soak.throughput", "soak.size", "soak.backlog"]
+        if "workflows" in self.opts.groups:
+            self.order += ["wf.step", "wf.conn_step", "wf.replay", "wf.claim"]
         self.order += ["web.p50", "web.p95", "web.id", "web.payload", "web.payload_gin"]
         self.order += ["web.type_1h", "web.type_7d"]
         self.results.ratios = [r for r in self.order if isinstance(r, Ratio)]
@@ -768,6 +776,42 @@ class Bench:
                 f"{tag} {o.deep_samples} polls without and with {o.deep_delayed:,} delayed jobs",
                 delayed, (due, claim),
             ),
+        ]  # fmt: skip
+
+    def workflow_steps(self, r: int) -> list[Step]:
+        o = self.opts
+        res = self.results
+        n, sleepers = WORKFLOW_STEPS, WORKFLOW_SLEEPERS
+        plain = res.measure("wf.step", f"workflow: a no-op step ({n:,} in a row)", "µs")
+        conn = res.measure("wf.conn_step", "workflow: a no-op step that takes conn", "µs")
+        replay = res.measure("wf.replay", "workflow: a stored step, replayed", "µs")
+        claim = res.measure(
+            "wf.claim",
+            f"claim of 10 ready jobs: added by {sleepers:,} sleeping workflows",
+            "ms",
+            Target("<=", 1),
+        )
+
+        def steps() -> str:
+            t = workflows.time_steps(self.dsn, n)
+            plain.add(t.plain_us, t.details())
+            conn.add(t.conn_us, t.details())
+            replay.add(t.replay_us, t.details())
+            return (
+                f"step {t.plain_us:.0f} µs, conn step {t.conn_us:.0f} µs,"
+                f" replay {t.replay_us:.1f} µs"
+            )
+
+        def asleep() -> str:
+            d = workflows.run_sleepers(self.dsn, sleepers, o.deep_samples)
+            claim.add(d.claim_added_ms, d.details())
+            return f"claim {d.without.claim_ms:.3f} → {d.with_sleepers.claim_ms:.3f} ms"
+
+        tag = f"run {r}/{o.runs} workflows:"
+        return [
+            Step(f"{tag} {n:,} no-op steps, plain, conn, replayed", steps, (plain, conn, replay)),
+            Step(f"{tag} {o.deep_samples} polls without and with {sleepers:,} asleep", asleep,
+                 (claim,)),
         ]  # fmt: skip
 
     def soak_step(self, r: int) -> Step:

@@ -19,15 +19,19 @@ from pgq_supervisor.client import (
     retry_failed,
 )
 from pgq_supervisor.errors import (
+    ChildFailed,
     ConfigError,
     DatabaseError,
     InvalidInput,
     InvalidTransition,
     JobNotFound,
     LeaseLost,
+    NonDeterministic,
     PermanentError,
     PgqError,
     Snooze,
+    StepFailed,
+    WaitTimeout,
 )
 from pgq_supervisor.frameworks import AsyncConnLike, ConnLike
 from pgq_supervisor.jobs import (
@@ -43,11 +47,16 @@ from pgq_supervisor.jobs import (
 )
 from pgq_supervisor.registry import Registry, RetryPolicy
 from pgq_supervisor.waiting import wait, wait_async, wait_many, wait_many_async
+from pgq_supervisor.workflows.async_context import AsyncWorkflowContext
+from pgq_supervisor.workflows.context import WorkflowContext
+from pgq_supervisor.workflows.signals import signal, signal_async
 
 __all__ = [
     "AsyncConnLike",
+    "AsyncWorkflowContext",
     "Bundle",
     "BundleId",
+    "ChildFailed",
     "ConfigError",
     "ConnLike",
     "DatabaseError",
@@ -61,13 +70,17 @@ __all__ = [
     "JobState",
     "LeaseLost",
     "NewJob",
+    "NonDeterministic",
     "PermanentError",
     "PgqError",
     "Producer",
     "Registry",
     "RetryPolicy",
     "Snooze",
+    "StepFailed",
     "TypeStats",
+    "WaitTimeout",
+    "WorkflowContext",
     "cancel_job",
     "delete_finished",
     "enqueue",
@@ -83,6 +96,8 @@ __all__ = [
     "reset_job",
     "resume",
     "retry_failed",
+    "signal",
+    "signal_async",
     "wait",
     "wait_async",
     "wait_many",

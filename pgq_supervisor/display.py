@@ -1,5 +1,5 @@
 """What the admin CLI (admin/) and the dashboard (web/) both show, in the same words: a
-progress value as a table cell, a supervisor's children as stored."""
+progress value as a table cell, a supervisor's children as stored, a workflow's steps."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from pgq_supervisor.db.rows import SupervisorRecord
 from pgq_supervisor.jobs import JobRecord, JobState, JsonValue
+from pgq_supervisor.steps import StepView
 
 PROGRESS_WIDTH = 24
 
@@ -84,3 +85,47 @@ def not_started(records: Sequence[SupervisorRecord], job: JobRecord) -> NotStart
                 record.host, record.pid, count_of(c.get("index")), record.seen_ago, tuple(running)
             )
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class StepLine:
+    """One workflow step as `show` and the dashboard's job page list it."""
+
+    seq: int
+    kind: str
+    name: str
+    state: str
+    detail: str  # its result, its error, or until when it sleeps or waits
+    took: str  # how long its function ran (its last try), or "-"
+
+
+def _short(value: JsonValue, width: int = 60) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def step_line(step: StepView) -> StepLine:
+    """A step in the words both views use."""
+    until = step.wake_at.isoformat(timespec="seconds") if step.wake_at is not None else None
+    match step.state:
+        case "succeeded":
+            detail = "-" if step.kind in ("sleep", "patch") else _short(step.result)
+        case "retrying":
+            detail = f"try {step.tries} failed: {step.error}; again at {until}"
+        case "failed":
+            detail = f"failed after {step.tries} tries: {step.error}"
+        case "sleeping":
+            detail = f"sleeps until {until}"
+        case "waiting":
+            detail = f"waits for signal {step.name!r}" + (f" until {until}" if until else "")
+        case _:
+            detail = step.error or step.state
+    took = "-" if step.duration is None else f"{step.duration * 1000:.1f} ms"
+    return StepLine(step.seq + 1, step.kind, step.name, step.state, detail, took)
+
+
+def current_pause(steps: Sequence[StepView]) -> str | None:
+    """What a workflow is paused on now (its last step sleeping, waiting or retrying)."""
+    if not steps or steps[-1].state not in ("sleeping", "waiting", "retrying"):
+        return None
+    return step_line(steps[-1]).detail

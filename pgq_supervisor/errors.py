@@ -82,3 +82,48 @@ class Snooze(PgqError):
             raise ValueError(f"Snooze: seconds must be from 0 to 100 years, got {seconds!r}")
         super().__init__(f"snoozed for {seconds:g} s")
         self.seconds = float(seconds)
+
+
+class NonDeterministic(PermanentError):
+    """A workflow's replay reached a step other than the one its history has at that place:
+    its code changed under a running job (version it with `ctx.patched`). Fails the job."""
+
+
+class StepFailed(PermanentError):
+    """A workflow step failed for good (its retries spent, or a PermanentError). Raised where
+    the workflow called the step, and again at that place on every replay; uncaught, it fails
+    the job at once."""
+
+    def __init__(self, step: str, error: str) -> None:
+        super().__init__(f"step {step!r} failed: {error}")
+        self.step = step
+        self.error = error
+
+
+class ChildFailed(PermanentError):
+    """The job `ctx.wait` waited for ended failed or cancelled."""
+
+    def __init__(self, job_id: object, state: str, error: str | None) -> None:
+        super().__init__(f"child job {job_id} ended {state}: {error or 'no error message'}")
+        self.job_id = job_id
+        self.state = state
+        self.error = error
+
+
+class WaitTimeout(PgqError):
+    """`ctx.wait_for` (or `ctx.wait`) passed its timeout without the signal. The workflow may
+    catch it; on a replay it is raised again at the same place."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"wait {name!r} timed out")
+        self.name = name
+
+
+class Suspend(Snooze):
+    """A workflow sleeps or waits: its job goes back to pending for `seconds` (or until the
+    signal `wait`), no attempt counted and no max_snoozes. Raised by the context, never by
+    user code."""
+
+    def __init__(self, seconds: float, wait: str | None) -> None:
+        super().__init__(seconds)
+        self.wait = wait

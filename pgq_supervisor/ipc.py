@@ -134,12 +134,16 @@ class Report:
     ended: tuple[tuple[str, OutcomeKind, int], ...]
     durations: tuple[tuple[str, tuple[int, ...], float], ...] = ()
     wake_latencies: tuple[float, ...] = ()
+    steps: tuple[tuple[str, str, str, int], ...] = ()  # workflow rows written (tally.py)
 
     @classmethod
     def of(
-        cls, outcomes: Iterable[tuple[str, OutcomeKind, float]], wake_latencies: Sequence[float]
+        cls,
+        outcomes: Iterable[tuple[str, OutcomeKind, float]],
+        wake_latencies: Sequence[float],
+        steps: tuple[tuple[str, str, str, int], ...] = (),
     ) -> Report:
-        """The report of these outcomes, (type, kind, seconds) each."""
+        """The report of these outcomes, (type, kind, seconds) each, and workflow steps."""
         ended: dict[tuple[str, OutcomeKind], int] = {}
         durations: dict[str, tuple[list[int], list[float]]] = {}
         for type_, kind, seconds in outcomes:
@@ -153,6 +157,7 @@ class Report:
             tuple((t, k, n) for (t, k), n in ended.items()),
             tuple((t, tuple(counts), total[0]) for t, (counts, total) in durations.items()),
             tuple(wake_latencies),
+            steps,
         )
 
     @property

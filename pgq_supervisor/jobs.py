@@ -167,6 +167,7 @@ class JobRecord:
     # replace=True: the unique_key this job holds while it waits behind the running holder
     debounce_key: str | None = None
     ordered_key: str | None = None  # its key's jobs run one at a time, in enqueue order
+    workflow_parent: JobId | None = None  # the workflow whose ctx.enqueue made it
 
     @property
     def attempt(self) -> int:

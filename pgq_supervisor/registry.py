@@ -22,7 +22,8 @@ import pydantic
 from pgq_supervisor.aging import Aging
 from pgq_supervisor.errors import AppLoadError, ConfigError, InvalidInput
 from pgq_supervisor.jobs import Job, JsonValue, check_type_name
-from pgq_supervisor.limits import Limits, Rate
+from pgq_supervisor.limits import Limits as Limits
+from pgq_supervisor.limits import Rate as Rate
 from pgq_supervisor.periodic import Schedule
 
 F = TypeVar("F", bound=Callable[..., object])
@@ -103,6 +104,7 @@ class Handler:
     concurrency: int | None = None  # at most this many of the type in flight in one child
     ephemeral: bool = False  # its jobs are deleted at success (no history row)
     aging: Aging | None = None  # its pending jobs' priority rises with their wait
+    workflow: bool = False  # `func(ctx, payload)`: the executor gives it its context
 
     @property
     def is_async(self) -> bool:
@@ -210,6 +212,38 @@ class Registry:
 
         return register
 
+    def workflow(
+        self,
+        type_: str,
+        *,
+        timeout: float | None = None,
+        max_retry_count: int = DEFAULT_MAX_RETRY_COUNT,
+        retry: RetryPolicy | Backoff | None = None,
+        concurrency: int | None = None,
+        global_concurrency: int | None = None,
+    ) -> Callable[[F], F]:
+        """Register the decorated `func(ctx, payload)` (sync or async) as the workflow of
+        `type_` (docs/workflows.md). The options are `handler`'s; `timeout` bounds each run
+        (a sleep or a wait ends one), `max_retry_count` and `retry` apply to each step."""
+        register = self.handler(
+            type_, timeout=timeout, max_retry_count=max_retry_count, retry=retry,
+            concurrency=concurrency, global_concurrency=global_concurrency,
+        )  # fmt: skip
+
+        def decorate(func: F) -> F:
+            params = list(inspect.signature(func).parameters.values())
+            if len(params) != 2:
+                raise ConfigError(f"workflow {type_!r} must take (ctx, payload)")
+            register(_stand_in)
+            handler = self.handlers[type_]
+            adapter = _adapter(type_, func, params[1].name)
+            self.handlers[type_] = dataclasses.replace(
+                handler, func=func, adapter=adapter, workflow=True, wants_conn=True
+            )
+            return func
+
+        return decorate
+
     def periodic(
         self,
         name: str,
@@ -310,6 +344,24 @@ class Registry:
         )
 
 
+def _stand_in(payload: object) -> None:
+    """Registered for a workflow while its own function (ctx, payload) replaces it."""
+
+
+def _adapter(
+    type_: str, func: Callable[..., object], name: str
+) -> pydantic.TypeAdapter[object] | None:
+    """The payload's validator, from the annotation of `func`'s parameter `name`."""
+    try:
+        hints = inspect.get_annotations(func, eval_str=True)
+    except Exception as exc:
+        raise ConfigError(f"handler {type_!r}: cannot resolve annotations: {exc}") from exc
+    annotation = hints.get(name, inspect.Parameter.empty)
+    if annotation is inspect.Parameter.empty or annotation is object:
+        return None
+    return pydantic.TypeAdapter(annotation)
+
+
 def _make_handler(
     type_: str,
     func: Callable[..., object],
@@ -330,18 +382,10 @@ def _make_handler(
         raise ConfigError(
             f"handler {type_!r}: unknown parameters {sorted(unknown)} (allowed: job, conn)"
         )
-    try:
-        hints = inspect.get_annotations(func, eval_str=True)
-    except Exception as exc:
-        raise ConfigError(f"handler {type_!r}: cannot resolve annotations: {exc}") from exc
-    annotation = hints.get(params[0].name, inspect.Parameter.empty)
-    adapter = None
-    if annotation is not inspect.Parameter.empty and annotation is not object:
-        adapter = pydantic.TypeAdapter(annotation)
     return Handler(
         type=type_,
         func=func,
-        adapter=adapter,
+        adapter=_adapter(type_, func, params[0].name),
         wants_job="job" in names,
         wants_conn="conn" in names,
         policy=Policy(timeout=timeout, max_retry_count=max_retry_count, backoff=backoff),

@@ -142,7 +142,7 @@ class _Drain:
         self.types = [t for t in registry.types if t not in ignore]
         worker_id = f"testing:{os.getpid()}"
         recorder = Recorder(conn, s)
-        self.executor = Executor(registry, worker_id, progress=recorder)
+        self.executor = Executor(registry, worker_id, progress=recorder, schema=s)
         self.completer = Completer(s, worker_id, ephemeral=registry.ephemeral_types())
         self.policy = registry.claim_policy(self.types)
         self.result = DrainResult(progress=recorder.values)
@@ -183,6 +183,11 @@ class _Drain:
         handler = self.registry.handlers.get(job.type)
         if handler is None or not handler.is_async:
             return False
+        if handler.workflow:
+            raise TypeError(
+                f"workflow {job.type!r} is async: drain() runs sync workflows only; run it"
+                " under the supervisor"
+            )
         if handler.wants_conn:
             raise TypeError(
                 f"handler {job.type!r} is async and takes conn: drain() cannot give it"

@@ -11,9 +11,11 @@ from datetime import datetime
 
 from pgq_supervisor import db
 from pgq_supervisor.connect import open_db
-from pgq_supervisor.display import NotStarted, not_started, progress_cell
+from pgq_supervisor.db import workflows
+from pgq_supervisor.display import NotStarted, current_pause, not_started, progress_cell, step_line
 from pgq_supervisor.jobs import JobId, JobRecord, JobState, JsonValue
 from pgq_supervisor.settings import Settings
+from pgq_supervisor.steps import StepView
 
 
 def _plain(value: object) -> JsonValue:
@@ -29,7 +31,9 @@ def record_json(record: JobRecord) -> dict[str, JsonValue]:
     return {f.name: _plain(getattr(record, f.name)) for f in dataclasses.fields(record)}
 
 
-def _text(record: JobRecord, held: NotStarted | None = None) -> str:
+def _text(
+    record: JobRecord, held: NotStarted | None = None, steps: list[StepView] | None = None
+) -> str:
     doc = record_json(record)
     lines = []
     order = [
@@ -52,6 +56,9 @@ def _text(record: JobRecord, held: NotStarted | None = None) -> str:
             lines.append(f"{''.ljust(width)}  {held.text()}")
         if key == "state" and (reason := held_back(record)) is not None:
             lines.append(f"{''.ljust(width)}  held back: {reason}")
+        pause = current_pause(steps or []) if record.state is JobState.PENDING else None
+        if key == "state" and pause is not None:
+            lines.append(f"{''.ljust(width)}  workflow: {pause}")
         if key == "state":  # numbered from 1, as Job.attempt and the dashboard number it
             budget = "" if record.max_retry_count is None else f" of {record.max_retry_count + 1}"
             lines.append(f"{'attempt'.ljust(width)}  {record.attempt}{budget}")
@@ -67,6 +74,13 @@ def _text(record: JobRecord, held: NotStarted | None = None) -> str:
             f"  #{a.get('attempt')}  {a.get('kind', '-')}  at {a.get('at')}"
             f"  worker {a.get('worker') or '-'}  {error[0] if error else ''}".rstrip()
         )
+    if steps:
+        lines.append(f"workflow steps ({len(steps)}):")
+        for step in map(step_line, steps):
+            lines.append(
+                f"  #{step.seq}  {step.kind}  {step.name!r}  {step.state}  {step.took}"
+                f"  {step.detail}"
+            )
     return "\n".join(lines)
 
 
@@ -93,9 +107,11 @@ def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
         held = None
         if record.state is JobState.RUNNING:
             held = not_started(db.list_supervisors(conn, settings.db_schema), record)
+        steps = workflows.steps(conn, settings.db_schema, job_id)
     if args.json:
         shown = None if held is None else held.to_json()
-        print(json.dumps({"job": record_json(record), "not_started": shown}))
+        listed = [{k: _plain(v) for k, v in dataclasses.asdict(s).items()} for s in steps]
+        print(json.dumps({"job": record_json(record), "not_started": shown, "steps": listed}))
     else:
-        print(_text(record, held))
+        print(_text(record, held, steps))
     return 0

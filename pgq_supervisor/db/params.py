@@ -20,6 +20,7 @@ from pgq_supervisor.db.option_params import (
     SnoozeParams,
     UniqueHoldersParams,
 )
+from pgq_supervisor.db.workflow_params import WORKFLOW_PARAMS
 from pgq_supervisor.jobs import BundleId, JobId, LeaseToken
 from pgq_supervisor.jsontext import dump_json as dump_json  # the statements' JSON parameters
 
@@ -420,4 +421,5 @@ PARAMS: dict[str, type] = {
     "schema_dump_triggers": SchemaNameParams,
     "schema_dump_views": SchemaNameParams,
     "schema_dump_functions": SchemaNameParams,
+    **WORKFLOW_PARAMS,
 }

@@ -451,7 +451,7 @@ SELECT id, bundle_id, type, payload, priority, origin, state, max_retry_count,
        current_retry_count, start_at, started_at, stopped_at, worker_alive_at, worker_id,
        timeout, unique_key, result, error_msg, error_data, attempts, created_at, updated_at,
        progress, waiting_on, depends_on, on_dependency_failure, has_dependents, concurrency_key,
-       trace_context, snoozes, debounce_key, ordered_key
+       trace_context, snoozes, debounce_key, ordered_key, workflow_parent
 FROM {schema}.job WHERE id = %(id)s
 
 -- name: job_states
@@ -463,7 +463,7 @@ SELECT id, bundle_id, type, payload, priority, origin, state, max_retry_count,
        current_retry_count, start_at, started_at, stopped_at, worker_alive_at, worker_id,
        timeout, unique_key, result, error_msg, error_data, attempts, created_at, updated_at,
        progress, waiting_on, depends_on, on_dependency_failure, has_dependents, concurrency_key,
-       trace_context, snoozes, debounce_key, ordered_key
+       trace_context, snoozes, debounce_key, ordered_key, workflow_parent
 FROM {schema}.job WHERE id = ANY(%(ids)s::uuid[])
 
 -- name: set_progress
@@ -503,7 +503,7 @@ SELECT id, bundle_id, type, payload, priority, origin, state, max_retry_count,
        current_retry_count, start_at, started_at, stopped_at, worker_alive_at, worker_id,
        timeout, unique_key, result, error_msg, error_data, attempts, created_at, updated_at,
        progress, waiting_on, depends_on, on_dependency_failure, has_dependents, concurrency_key,
-       trace_context, snoozes, debounce_key, ordered_key
+       trace_context, snoozes, debounce_key, ordered_key, workflow_parent
 FROM {schema}.job
 WHERE state = %(state)s AND (%(type)s::text IS NULL OR type = %(type)s)
 ORDER BY updated_at DESC
@@ -1360,3 +1360,62 @@ WHERE n.nspname = %(schema)s
   AND NOT EXISTS (SELECT FROM pg_depend d WHERE d.classid = 'pg_proc'::regclass
                   AND d.objid = p.oid AND d.deptype IN ('e', 'i'))
 ORDER BY p.proname COLLATE "C", pg_get_function_identity_arguments(p.oid) COLLATE "C"
+
+-- name: workflow_history
+-- A workflow's steps in the order its code reached them, read once at the start of each run
+-- (schema/0020); `wake_in`: seconds to a sleep's end or a wait's deadline, by the database's
+-- clock (negative: passed).
+SELECT seq, name, kind, state, result, error, tries,
+       extract(epoch FROM wake_at - now())::float8 AS wake_in
+FROM {schema}.workflow_step WHERE job_id = %(id)s ORDER BY seq
+
+-- name: workflow_signals
+-- The signals sent to a job so far, by name (a wait reached after its signal finds it here).
+SELECT name, payload FROM {schema}.workflow_signal WHERE job_id = %(id)s
+
+-- name: workflow_record
+-- Write step `seq` of a workflow, only while the job is running under `lease` (fencing, as
+-- every worker write). A step row already there is updated unless it succeeded: that is a
+-- second writer of the same step (a stale worker, or a rescue's next run) and gets no row, so
+-- the caller rolls back what it did in the transaction. `wake_at`, or `wake_in` seconds from
+-- now, starts a sleep or a wait's deadline.
+INSERT INTO {schema}.workflow_step AS s
+    (job_id, seq, name, kind, state, result, error, tries, wake_at, duration, finished_at)
+SELECT %(id)s, %(seq)s, %(name)s, %(kind)s, %(state)s, %(result)s::jsonb, %(error)s,
+       %(tries)s, coalesce(%(wake_at)s::timestamptz, now() + make_interval(secs => %(wake_in)s::float8)),
+       %(duration)s::float8, CASE WHEN %(finished)s THEN now() END
+FROM {schema}.job j
+WHERE j.id = %(id)s AND j.state = 'running' AND j.lease = %(lease)s
+ON CONFLICT (job_id, seq) DO UPDATE
+SET state = excluded.state, result = excluded.result, error = excluded.error,
+    tries = excluded.tries, wake_at = coalesce(excluded.wake_at, s.wake_at),
+    duration = excluded.duration, finished_at = excluded.finished_at
+WHERE s.state <> 'succeeded' AND s.name = excluded.name AND s.kind = excluded.kind
+RETURNING seq, extract(epoch FROM wake_at - now())::float8 AS wake_in
+
+-- name: workflow_suspend
+-- The workflow sleeps or waits: pending again in `delay` seconds, no attempt counted, fenced by
+-- the lease; waiting for the signal `wait`, due at once if it came meanwhile (schema/0020).
+SELECT job_id, job_type, new_state, retry_count
+FROM {schema}.workflow_suspend(%(id)s::uuid, %(lease)s::uuid, %(delay)s::float8, %(wait)s::text)
+
+-- name: workflow_signal
+-- pgq.signal: kept, and the job woken if it waits for it; NULL: no such job.
+SELECT {schema}.workflow_signal(%(id)s::uuid, %(name)s::text, %(payload)s::jsonb)
+
+-- name: workflow_adopt
+-- A child enqueued by a workflow step: its end is signalled to the workflow.
+UPDATE {schema}.job SET workflow_parent = %(parent)s WHERE id = %(id)s
+
+-- name: workflow_steps
+-- A workflow's steps as `show` and the dashboard list them.
+SELECT seq, name, kind, state, result, error, tries, wake_at, duration, started_at, finished_at
+FROM {schema}.workflow_step WHERE job_id = %(id)s ORDER BY seq
+
+-- name: workflows_paused
+-- Pending workflows by type and what they are paused on (their last step: sleeping, waiting,
+-- retrying), for pgq_workflows_paused; reads workflow_step_paused_idx's rows only.
+SELECT j.type, s.state, count(*)::int
+FROM {schema}.workflow_step s JOIN {schema}.job j ON j.id = s.job_id
+WHERE s.state IN ('sleeping', 'waiting', 'retrying') AND j.state = 'pending'
+GROUP BY 1, 2

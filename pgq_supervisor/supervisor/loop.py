@@ -321,6 +321,7 @@ class Supervisor:
                 case Report():
                     self.metrics.record(msg)
                     self.services.activity.record(msg.ended)
+                    self.metrics.record_steps(msg.steps)
                 case Idle():
                     # a claim found nothing: if a rate window held jobs back, learn when it
                     # frees a start (no-op without rated types)

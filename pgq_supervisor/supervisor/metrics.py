@@ -20,6 +20,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
 from pgq_supervisor import db
+from pgq_supervisor.db import workflows
 from pgq_supervisor.ipc import DURATION_BUCKETS, Report
 from pgq_supervisor.jobs import JobState, TypeStats
 
@@ -179,7 +180,23 @@ class Metrics:
         self.table_bytes = Gauge(
             "pgq_job_table_bytes", "The job table's size with its indexes and TOAST", registry=r
         )
+        self.workflows_paused = Gauge(
+            "pgq_workflows_paused",
+            "Pending workflows by what their last step is paused on: a sleep (reason=sleeping),"
+            " a signal or a child job (waiting), a failed step's retry (retrying)",
+            ["type", "reason"],
+            registry=r,
+        )
+        self.workflow_steps = Counter(
+            "pgq_workflow_steps_total",
+            "Workflow calls run (not replayed), by the row each wrote: kind step, enqueue,"
+            " sleep, wait or patch; state succeeded, retrying (a step's try failed), failed,"
+            " sleeping, waiting (a sleep or a wait begun) or timed_out",
+            ["type", "kind", "state"],
+            registry=r,
+        )
         self._known_types: set[str] = set()
+        self._paused_keys: set[tuple[str, str]] = set()
         self._controlled: set[str] = set()
         self._limited: set[str] = set()
 
@@ -249,6 +266,16 @@ class Metrics:
             self.held_back.labels(t, "key_concurrency").set(0)
         self._limited |= {lim.type for lim in limits}
 
+    def record_steps(self, steps: Sequence[tuple[str, str, str, int]]) -> None:
+        for type_, kind, state, n in steps:
+            self.workflow_steps.labels(type_, kind, state).inc(n)
+
+    def update_workflows(self, paused: dict[tuple[str, str], int]) -> None:
+        # a type whose workflows all woke reports 0 rather than a stale value
+        for key in paused.keys() | self._paused_keys:
+            self.workflows_paused.labels(*key).set(paused.get(key, 0))
+        self._paused_keys |= paused.keys()
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
@@ -276,6 +303,8 @@ class QueueMetrics:
             controls = db.type_controls(conn, self.schema)
             limits = db.type_limits(conn, self.schema)
             depth = db.depth(conn, self.schema)
+            paused = workflows.paused(conn, self.schema)
+        self.metrics.update_workflows(paused)
         self.metrics.update_queue(stats)
         self.metrics.depth.set(depth)
         self.metrics.update_controls(controls, stats)

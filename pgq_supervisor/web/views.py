@@ -7,9 +7,10 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from pgq_supervisor import db
+from pgq_supervisor.db import workflows
 from pgq_supervisor.db.rows import ScheduleRecord
 from pgq_supervisor.db.web_rows import RunningJob
-from pgq_supervisor.display import children_of, count_of, not_started
+from pgq_supervisor.display import children_of, count_of, current_pause, not_started, step_line
 from pgq_supervisor.errors import ConfigError, JobNotFound
 from pgq_supervisor.jobs import BundleId, JobId, JobState
 from pgq_supervisor.periodic import Schedule
@@ -108,7 +109,10 @@ def job(conn: db.Conn, schema: str, job_id: JobId) -> Data:
             bundle = None
     error_data = record.error_data if isinstance(record.error_data, dict) else {}
     attempts = [a for a in record.attempts if isinstance(a, dict)]
+    steps = workflows.steps(conn, schema, job_id)
     return {
+        "steps": [step_line(s) for s in steps],
+        "pause": current_pause(steps) if record.state is JobState.PENDING else None,
         "job": record,
         "bundle": bundle,
         "attempts": attempts,

@@ -35,6 +35,7 @@ from pgq_supervisor.signals import ChildSignals
 from pgq_supervisor.worker.completion import Completer
 from pgq_supervisor.worker.executor import Executor
 from pgq_supervisor.worker.heartbeat import Heartbeat
+from pgq_supervisor.workflows import tally
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +99,7 @@ def child_parts(
     )
     # the heartbeat thread writes progress too: on its own connection, never inside a
     # `conn` handler's transaction
-    executor = Executor(registry, spec.worker_id, progress=heartbeat.progress)
+    executor = Executor(registry, spec.worker_id, progress=heartbeat.progress, schema=spec.schema)
     completer = Completer(
         spec.schema,
         spec.worker_id,
@@ -256,10 +257,10 @@ class BaseWorker:
         outcomes = self.completer.take_outcomes()
         latencies, self.latencies = self.latencies, []
         self.last_report = self.clock()
-        if outcomes or latencies:
-            self.pipe.send(
-                Report.of(((o.job.type, o.kind, o.duration) for o in outcomes), latencies)
-            )
+        steps = tally.take()
+        if outcomes or latencies or steps:
+            ended = ((o.job.type, o.kind, o.duration) for o in outcomes)
+            self.pipe.send(Report.of(ended, latencies, steps))
 
     def _retire_if_due(self) -> None:
         """max_jobs_per_child or max_memory_per_child reached: say so, and stop."""

@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from typing import Literal, NamedTuple, assert_never
 
 from pgq_supervisor import db
+from pgq_supervisor.db import workflows
 from pgq_supervisor.errors import DatabaseError
 from pgq_supervisor.jobs import (
     AttemptKind,
@@ -210,15 +211,20 @@ class Completer:
         """Back to pending after the snooze's delay, no attempt counted (fenced by its lease);
         failed with the failure's message if its type's max_snoozes is spent."""
         delay = failure.retry_delay
-        ended = db.snooze(
-            conn,
-            self.schema,
-            job.id,
-            lease=job.lease,
-            delay=delay,
-            max_snoozes=failure.max_snoozes,
-            error=failure.message,
-        )
+        if failure.suspends:  # a workflow's sleep or wait: no max_snoozes (schema/0020)
+            ended = workflows.suspend(
+                conn, self.schema, job.id, lease=job.lease, delay=delay, wait=failure.wait
+            )
+        else:
+            ended = db.snooze(
+                conn,
+                self.schema,
+                job.id,
+                lease=job.lease,
+                delay=delay,
+                max_snoozes=failure.max_snoozes,
+                error=failure.message,
+            )
         if not ended:
             self._lost(job, took)
             return
@@ -232,7 +238,9 @@ class Completer:
             job.attempt,
             took,
             self.worker_id,
-            f" due_in={delay:g}s" if snoozed else f" error={failure.message}",
+            (f" due_in={delay:g}s" + (f" wait={failure.wait}" if failure.wait else ""))
+            if snoozed
+            else f" error={failure.message}",
         )
         outcome = OutcomeKind.SNOOZED if snoozed else OutcomeKind.FAILED
         self._outcomes.append(Outcome(job, outcome, took, None if snoozed else failure.message))

@@ -21,10 +21,11 @@ from typing import Literal, NamedTuple
 import pydantic
 
 from pgq_supervisor import db, tracing
-from pgq_supervisor.errors import InvalidInput, PermanentError, Snooze
+from pgq_supervisor.errors import InvalidInput, PermanentError, Snooze, Suspend
 from pgq_supervisor.jobs import AttemptKind, Job, JsonValue
 from pgq_supervisor.registry import Registry
 from pgq_supervisor.worker.progress import ProgressSink, reporting
+from pgq_supervisor.workflows.runner import workflow_call
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,8 @@ class Failure:
     data: JsonValue
     retry_delay: float  # seconds before the retry, if the job has attempts left (a snooze's)
     max_snoozes: int = 0  # a snooze: the type's limit; past it the job fails with `message`
+    suspends: bool = False  # a workflow's sleep or wait (a snooze without max_snoozes)
+    wait: str | None = None  # the signal a suspended workflow waits for (it wakes it)
 
 
 class Ran(NamedTuple):
@@ -89,13 +92,21 @@ class Executor:
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.monotonic,
         progress: ProgressSink | None = None,
+        schema: str = db.DEFAULT_SCHEMA,
     ) -> None:
         self.registry = registry
+        self.schema = schema  # a workflow's context writes its steps there
         self.progress = progress
         self.worker_id = worker_id
         self.rng = rng or random.Random()
         self.clock = clock
         self.tracer = tracing.attempt_tracer()  # once: None costs nothing per job
+
+    def is_workflow(self, job: Job) -> bool:
+        """Is `job` a workflow (run on a connection outside a transaction: its steps commit
+        one by one)?"""
+        handler = self.registry.handlers.get(job.type)
+        return handler is not None and handler.workflow
 
     def takes_conn(self, job: Job) -> bool:
         """Does `job`'s handler write through the job's connection (and so need a transaction)?"""
@@ -167,6 +178,9 @@ class Executor:
         if handler.wants_conn and conn is None:
             raise _NeedsConn(f"handler {job.type!r} takes conn: run it with a connection")
         payload = handler.validate(job.payload)
+        if handler.workflow:
+            assert conn is not None
+            return workflow_call(handler, job, conn, self.schema, self.rng), payload, {}
         kwargs: dict[str, object] = {}
         if handler.wants_job:
             kwargs["job"] = job
@@ -181,6 +195,10 @@ class Executor:
     def failed(self, job: Job, exc: Exception, duration: float) -> Ran:
         """What `exc`, raised while running `job`, means under its handler's policy."""
         handler = self.registry.handlers.get(job.type)
+        if isinstance(exc, Suspend):
+            message = f"workflow suspended for {exc.seconds:g} s"
+            failure = Failure(AttemptKind.SNOOZED, message, None, exc.seconds, 0, True, exc.wait)
+            return Ran(job, None, failure, duration)
         if isinstance(exc, Snooze) and handler is not None:
             limit = handler.policy.max_snoozes
             message = (

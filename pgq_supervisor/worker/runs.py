@@ -72,7 +72,12 @@ def run_sync(
     executor: Executor, job: Job, schema: str, connection: Connect | None = None
 ) -> Settlement:
     """Run `job`'s handler on this thread. One that takes `conn` runs in a transaction on a
-    connection of `connection` (run_in_transaction); without `connection` it cannot run."""
+    connection of `connection` (run_in_transaction); without `connection` it cannot run. A
+    workflow runs on a connection of `connection` outside a transaction: each of its steps
+    commits its own."""
+    if connection is not None and executor.is_workflow(job):
+        with connection() as conn:
+            return executor.run(job, conn)
     if connection is not None and executor.takes_conn(job):
         return run_in_transaction(executor, job, schema, connection())
     return executor.run(job)
@@ -119,9 +124,12 @@ async def run_async(
     """Run an async handler, cancelled after `timeout`; in a transaction on a connection of
     `connection` if it takes `conn` (then `connection` must be given), as run_in_transaction."""
     start = clock()
-    if connection is None:
+    if connection is None or executor.is_workflow(job):
         try:
-            return await asyncio.wait_for(executor.run_async(job), timeout)
+            if connection is None:
+                return await asyncio.wait_for(executor.run_async(job), timeout)
+            async with connection() as conn:  # a workflow: its steps commit one by one
+                return await asyncio.wait_for(executor.run_async(job, conn), timeout)
         except TimeoutError:
             return _timed_out(executor, job, timeout, clock() - start)
     try:

@@ -31,7 +31,9 @@ C = TypeVar("C", Conn, AsyncConn)
 R = TypeVar("R")
 MISSING = JobId(uuid.UUID("00000000-0000-4000-8000-000000000000"))  # names no job
 # Everything a writer could touch, to show that a rolled-back call left nothing behind.
-TABLES: list[LiteralString] = ["job", "job_bundle", "job_dependency", "type_pause"]
+TABLES: list[LiteralString] = [
+    "job", "job_bundle", "job_dependency", "type_pause", "workflow_step", "workflow_signal",
+]  # fmt: skip
 
 
 def _tables() -> list[sql.Composed]:

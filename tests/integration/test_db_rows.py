@@ -77,6 +77,8 @@ def test_get_job_reads_every_column_by_name(conn: Conn) -> None:
     conn.execute(
         "UPDATE pgq.job SET debounce_key = 'dk', ordered_key = 'ok' WHERE id = %s", (job_id,)
     )
+    # set on a workflow's child (ctx.enqueue, test_workflows.py)
+    conn.execute("UPDATE pgq.job SET workflow_parent = %s WHERE id = %s", (dep, job_id))
     seen |= _assert_record_is_the_row(conn, db.get_job(conn, SCHEMA, job_id))
     assert db.succeed(conn, SCHEMA, running.lease, [(running.id, '{"ok": true}')]) == {job_id}
     seen |= _assert_record_is_the_row(conn, db.get_job(conn, SCHEMA, job_id))

@@ -50,6 +50,7 @@ JOB_COLUMNS = {
     "snoozes": ("integer", False),
     "debounce_key": ("text", True),
     "ordered_key": ("text", True),
+    "workflow_parent": ("uuid", True),
 }
 DEPENDENCY_COLUMNS = {
     "job_id": ("uuid", False),
@@ -379,6 +380,65 @@ FUNCTIONS = {
 }
 
 
+# schema/0020: workflows
+WORKFLOW_STEP_COLUMNS = {
+    "job_id": ("uuid", False),
+    "seq": ("integer", False),
+    "name": ("text", False),
+    "kind": ("text", False),
+    "state": ("text", False),
+    "result": ("jsonb", True),
+    "error": ("text", True),
+    "tries": ("integer", False),
+    "wake_at": ("timestamp with time zone", True),
+    "duration": ("double precision", True),
+    "started_at": ("timestamp with time zone", False),
+    "finished_at": ("timestamp with time zone", True),
+}
+WORKFLOW_SIGNAL_COLUMNS = {
+    "job_id": ("uuid", False),
+    "name": ("text", False),
+    "payload": ("jsonb", True),
+    "sent_at": ("timestamp with time zone", False),
+}
+INDEXES |= {
+    "workflow_signal_pkey": (
+        "CREATE UNIQUE INDEX workflow_signal_pkey ON {s}.workflow_signal USING btree (job_id, name)"
+    ),
+    "workflow_step_paused_idx": (
+        "CREATE INDEX workflow_step_paused_idx ON {s}.workflow_step USING btree (job_id)"
+        " WHERE (state = ANY (ARRAY['sleeping'::text, 'waiting'::text, 'retrying'::text]))"
+    ),
+    "workflow_step_pkey": (
+        "CREATE UNIQUE INDEX workflow_step_pkey ON {s}.workflow_step USING btree (job_id, seq)"
+    ),
+}
+_NAME_LENGTH = "CHECK (((length(name) >= 1) AND (length(name) <= 200)))"
+CHECKS |= {
+    ("workflow_signal", "workflow_signal_name_check"): _NAME_LENGTH,
+    ("workflow_step", "workflow_step_name_check"): _NAME_LENGTH,
+    ("workflow_step", "workflow_step_kind_check"): (
+        "CHECK ((kind = ANY (ARRAY['step'::text, 'sleep'::text, 'wait'::text, 'enqueue'::text,"
+        " 'patch'::text])))"
+    ),
+    ("workflow_step", "workflow_step_seq_check"): "CHECK ((seq >= 0))",
+    ("workflow_step", "workflow_step_state_check"): (
+        "CHECK ((state = ANY (ARRAY['succeeded'::text, 'failed'::text, 'retrying'::text,"
+        " 'sleeping'::text, 'waiting'::text, 'timed_out'::text])))"
+    ),
+    ("workflow_step", "workflow_step_tries_check"): "CHECK ((tries >= 0))",
+}
+TRIGGERS |= {
+    "job_workflow_child_ended": (
+        "CREATE TRIGGER job_workflow_child_ended AFTER UPDATE OF state ON {s}.job FOR EACH ROW"
+        " WHEN (((new.workflow_parent IS NOT NULL) AND (new.state <> old.state)"
+        " AND (new.state = ANY (ARRAY['succeeded'::{s}.job_state, 'failed'::{s}.job_state,"
+        " 'cancelled'::{s}.job_state])))) EXECUTE FUNCTION {s}.workflow_child_ended()"
+    ),
+}
+FUNCTIONS |= {"workflow_signal", "workflow_child_ended", "workflow_suspend"}
+
+
 def _all_versions() -> list[int]:
     return [m.version for m in schema.available()]
 
@@ -408,8 +468,12 @@ def assert_declared_schema(conn: Conn, s: str) -> None:
         "type_limit_stripe",
         "type_pause",
         "type_rate",
+        "workflow_signal",
+        "workflow_step",
     ]
     assert _columns(conn, s, "job") == JOB_COLUMNS
+    assert _columns(conn, s, "workflow_step") == WORKFLOW_STEP_COLUMNS
+    assert _columns(conn, s, "workflow_signal") == WORKFLOW_SIGNAL_COLUMNS
     assert _columns(conn, s, "job_dependency") == DEPENDENCY_COLUMNS
     assert _columns(conn, s, "type_pause") == TYPE_PAUSE_COLUMNS
     assert _columns(conn, s, "type_rate") == TYPE_RATE_COLUMNS
@@ -453,6 +517,8 @@ def assert_declared_schema(conn: Conn, s: str) -> None:
     assert sorted(r[0] for r in fk) == [
         f"FOREIGN KEY (bundle_id) REFERENCES {s}.job_bundle(id) ON DELETE CASCADE",
         f"FOREIGN KEY (depends_on) REFERENCES {s}.job(id) ON DELETE CASCADE",
+        f"FOREIGN KEY (job_id) REFERENCES {s}.job(id) ON DELETE CASCADE",
+        f"FOREIGN KEY (job_id) REFERENCES {s}.job(id) ON DELETE CASCADE",
         f"FOREIGN KEY (job_id) REFERENCES {s}.job(id) ON DELETE CASCADE",
         f"FOREIGN KEY (type) REFERENCES {s}.type_limit(type) ON DELETE CASCADE",
     ]

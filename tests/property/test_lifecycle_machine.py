@@ -137,7 +137,12 @@ class LifecycleMachine(RuleBasedStateMachine):
         super().__init__()
         self.conn = conn
         self.listener = listener
-        conn.execute(q("TRUNCATE {schema}.job, {schema}.job_bundle, {schema}.job_dependency"))
+        conn.execute(
+            q(
+                "TRUNCATE {schema}.job, {schema}.job_bundle, {schema}.job_dependency,"
+                " {schema}.workflow_step, {schema}.workflow_signal"
+            )
+        )
         self._read_notifications()  # whatever an earlier example left behind
         self.jobs: dict[JobId, ModelJob] = {}
         self.batches: dict[BundleId, ModelBundle] = {}

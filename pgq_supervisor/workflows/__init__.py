@@ -1,0 +1,1 @@
+"""Durable workflows (docs/workflows.md): `ctx` for sync and async workflow handlers."""

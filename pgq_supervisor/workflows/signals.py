@@ -1,0 +1,54 @@
+"""pgq.signal: send a workflow the signal its `ctx.wait_for(name)` waits for."""
+
+from __future__ import annotations
+
+from pgq_supervisor import db
+from pgq_supervisor.db import workflows as wdb
+from pgq_supervisor.errors import InvalidInput, JobNotFound
+from pgq_supervisor.frameworks import AsyncConnLike, ConnLike, as_psycopg, as_psycopg_async
+from pgq_supervisor.jobs import JobId, JsonValue
+from pgq_supervisor.jsontext import dump_json
+
+
+def _checked(name: str, payload: JsonValue) -> str:
+    if not isinstance(name, str) or not 1 <= len(name) <= 200:
+        raise InvalidInput(f"signal name must be 1 to 200 characters, got {name!r}")
+    return dump_json(payload, "signal payload")
+
+
+def signal(
+    conn: ConnLike,
+    job_id: JobId,
+    name: str,
+    payload: JsonValue = None,
+    *,
+    schema: str | None = None,
+) -> bool:
+    """Send the signal `name` with `payload` (JSON) to the workflow job `job_id`, in the
+    caller's transaction (one statement: atomic in any connection state). Kept with the job:
+    a `ctx.wait_for(name)` reached later returns it at once; one waiting now is made due and
+    its workers notified when this commits. The first signal of a name wins: False if it was
+    sent before (nothing changes). JobNotFound for an unknown job, InvalidInput for a bad name
+    or a payload that is not JSON."""
+    text = _checked(name, payload)
+    sent = wdb.signal(as_psycopg(conn), schema or db.default_schema(), job_id, name, text)
+    if sent is None:
+        raise JobNotFound(f"no job {job_id}")
+    return sent
+
+
+async def signal_async(
+    conn: AsyncConnLike,
+    job_id: JobId,
+    name: str,
+    payload: JsonValue = None,
+    *,
+    schema: str | None = None,
+) -> bool:
+    """`signal` on an async connection."""
+    text = _checked(name, payload)
+    aconn = await as_psycopg_async(conn)
+    sent = await wdb.signal_async(aconn, schema or db.default_schema(), job_id, name, text)
+    if sent is None:
+        raise JobNotFound(f"no job {job_id}")
+    return sent
