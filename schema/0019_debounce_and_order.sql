@@ -48,7 +48,10 @@ BEGIN
 END $$;
 
 -- Strict order per key: `enqueue(..., ordered_key=K)`. The jobs of one key run one at a time,
--- in enqueue order: only the key's head (its oldest job that is pending, running or failed)
+-- in enqueue order: the order in which their enqueues took the key's lock, kept as
+-- `ordered_seq` (a sequence drawn under that lock; created_at cannot say it: it is each
+-- transaction's start, and a producer that started first may link its job after another's).
+-- Only the key's head (its earliest job that is pending, running or failed)
 -- has waiting_on = 0; each job behind it waits with waiting_on = 1, out of job_claim_idx, so
 -- the claim never looks at them and is unchanged. When the head succeeds, is cancelled or is
 -- deleted, the next one (oldest first) is released; a failed head blocks the key until it is
@@ -56,9 +59,11 @@ END $$;
 -- serialise on the key's advisory lock, so a job inserted behind a head that is finishing
 -- meanwhile is either seen by that release or sees the head gone.
 ALTER TABLE job ADD COLUMN ordered_key text;
+ALTER TABLE job ADD COLUMN ordered_seq bigint;
 ALTER TABLE job ADD CONSTRAINT job_ordered_key_length
     CHECK (ordered_key IS NULL OR char_length(ordered_key) BETWEEN 1 AND 200);
-CREATE INDEX job_ordered_idx ON job (ordered_key, created_at, id)
+CREATE SEQUENCE job_ordered_seq;
+CREATE INDEX job_ordered_idx ON job (ordered_key, ordered_seq)
     WHERE ordered_key IS NOT NULL AND state IN ('pending', 'running', 'failed');
 
 CREATE FUNCTION ordered_lock(p_key text) RETURNS void
@@ -83,13 +88,13 @@ CREATE FUNCTION ordered_link(p_id uuid, p_key text) RETURNS void
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 BEGIN
     PERFORM ordered_lock(p_key);
-    UPDATE job SET ordered_key = p_key,
+    UPDATE job SET ordered_key = p_key, ordered_seq = nextval('job_ordered_seq'),
                    waiting_on = waiting_on + ordered_blocked(p_key, p_id)::int
     WHERE id = p_id;
 END $$;
 
 -- A job leaves pending: it waits no more (job_waiting_only_pending). A finished job reset to
--- pending waits if the key has a head meanwhile.
+-- pending is enqueued again: last in its key's order, waiting if the key has a head.
 CREATE FUNCTION job_ordered_state() RETURNS trigger
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 BEGIN
@@ -97,6 +102,7 @@ BEGIN
         NEW.waiting_on := 0;
     ELSIF OLD.state IN ('succeeded', 'failed', 'cancelled') THEN
         PERFORM ordered_lock(NEW.ordered_key);
+        NEW.ordered_seq := nextval('job_ordered_seq');
         NEW.waiting_on := ordered_blocked(NEW.ordered_key, NEW.id)::int;
     END IF;
     RETURN NEW;
@@ -116,7 +122,7 @@ BEGIN
     SELECT j.id, j.type, j.start_at INTO nxt FROM job j
     WHERE j.ordered_key = OLD.ordered_key AND j.state = 'pending' AND j.waiting_on > 0
       AND j.id <> OLD.id
-    ORDER BY j.created_at, j.id
+    ORDER BY j.ordered_seq
     LIMIT 1
     FOR NO KEY UPDATE;
     IF nxt.id IS NOT NULL AND NOT ordered_blocked(OLD.ordered_key, OLD.id) THEN

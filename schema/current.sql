@@ -11,6 +11,10 @@
 
 CREATE TYPE job_state AS ENUM ('pending', 'running', 'succeeded', 'failed', 'cancelled');
 
+-- ==== Sequences =================================================================================
+
+CREATE SEQUENCE job_ordered_seq AS bigint INCREMENT BY 1 MINVALUE 1 MAXVALUE 9223372036854775807 START WITH 1 CACHE 1;
+
 -- ==== Tables ====================================================================================
 
 CREATE TABLE job (
@@ -47,6 +51,7 @@ CREATE TABLE job (
     snoozes               integer DEFAULT 0 NOT NULL,
     debounce_key          text,
     ordered_key           text,
+    ordered_seq           bigint,
     workflow_parent       uuid,
     CONSTRAINT job_pkey PRIMARY KEY (id),
     CONSTRAINT job_bundle_id_fkey FOREIGN KEY (bundle_id) REFERENCES job_bundle(id) ON DELETE CASCADE,
@@ -224,7 +229,7 @@ CREATE INDEX job_delayed_idx ON job USING btree (start_at, type) WHERE state = '
 
 CREATE INDEX job_finished_idx ON job USING btree (state, stopped_at) WHERE stopped_at IS NOT NULL;
 
-CREATE INDEX job_ordered_idx ON job USING btree (ordered_key, created_at, id) WHERE ordered_key IS NOT NULL AND (state = ANY (ARRAY['pending'::job_state, 'running'::job_state, 'failed'::job_state]));
+CREATE INDEX job_ordered_idx ON job USING btree (ordered_key, ordered_seq) WHERE ordered_key IS NOT NULL AND (state = ANY (ARRAY['pending'::job_state, 'running'::job_state, 'failed'::job_state]));
 
 CREATE INDEX job_running_idx ON job USING btree (lease) WHERE state = 'running'::job_state;
 
@@ -875,7 +880,7 @@ BEGIN
     SELECT j.id, j.type, j.start_at INTO nxt FROM job j
     WHERE j.ordered_key = OLD.ordered_key AND j.state = 'pending' AND j.waiting_on > 0
       AND j.id <> OLD.id
-    ORDER BY j.created_at, j.id
+    ORDER BY j.ordered_seq
     LIMIT 1
     FOR NO KEY UPDATE;
     IF nxt.id IS NOT NULL AND NOT ordered_blocked(OLD.ordered_key, OLD.id) THEN
@@ -897,6 +902,7 @@ BEGIN
         NEW.waiting_on := 0;
     ELSIF OLD.state IN ('succeeded', 'failed', 'cancelled') THEN
         PERFORM ordered_lock(NEW.ordered_key);
+        NEW.ordered_seq := nextval('job_ordered_seq');
         NEW.waiting_on := ordered_blocked(NEW.ordered_key, NEW.id)::int;
     END IF;
     RETURN NEW;
@@ -1157,7 +1163,7 @@ CREATE OR REPLACE FUNCTION ordered_link(p_id uuid, p_key text)
 AS $function$
 BEGIN
     PERFORM ordered_lock(p_key);
-    UPDATE job SET ordered_key = p_key,
+    UPDATE job SET ordered_key = p_key, ordered_seq = nextval('job_ordered_seq'),
                    waiting_on = waiting_on + ordered_blocked(p_key, p_id)::int
     WHERE id = p_id;
 END $function$;

@@ -50,6 +50,7 @@ JOB_COLUMNS = {
     "snoozes": ("integer", False),
     "debounce_key": ("text", True),
     "ordered_key": ("text", True),
+    "ordered_seq": ("bigint", True),
     "workflow_parent": ("uuid", True),
 }
 DEPENDENCY_COLUMNS = {
@@ -187,7 +188,7 @@ INDEXES = {
         " WHERE ((unique_key IS NOT NULL) AND (stopped_at IS NOT NULL))"
     ),
     "job_ordered_idx": (
-        "CREATE INDEX job_ordered_idx ON {s}.job USING btree (ordered_key, created_at, id)"
+        "CREATE INDEX job_ordered_idx ON {s}.job USING btree (ordered_key, ordered_seq)"
         " WHERE ((ordered_key IS NOT NULL) AND (state = ANY (ARRAY['pending'::{s}.job_state,"
         " 'running'::{s}.job_state, 'failed'::{s}.job_state])))"
     ),

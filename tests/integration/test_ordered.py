@@ -124,11 +124,15 @@ def test_racing_producers_and_workers_keep_each_key_in_order(dsn: str, conn: Con
             r[0]
             for r in conn.execute(
                 "SELECT (payload ->> 'n')::int FROM pgq.job WHERE ordered_key = %s"
-                " ORDER BY created_at, id",
+                " ORDER BY ordered_seq",
                 (key,),
             )
         ]
         assert [n for k, n in ran if k == key] == enqueued
+        # one producer's jobs of a key run in the order it enqueued them
+        for i in range(4):
+            mine = [n for k, n in ran if k == key and n // 100 == i]
+            assert mine == sorted(mine), (key, i, mine)
         overlap = conn.execute(
             "SELECT count(*) FROM pgq.job a JOIN pgq.job b ON a.ordered_key = b.ordered_key"
             " AND a.id <> b.id AND a.started_at < b.stopped_at AND b.started_at < a.stopped_at"
