@@ -28,9 +28,10 @@ GROUPS = (
     "soak",
     "web",
     "webidx",
+    "fairness",
 )
 # groups run only when named in --only (long, or made for one question)
-OPT_IN = ("deep", "soak", "webidx")
+OPT_IN = ("deep", "soak", "webidx", "fairness")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

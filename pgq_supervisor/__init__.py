@@ -17,6 +17,7 @@ from pgq_supervisor.client import (
     reset_job,
     resume,
     retry_failed,
+    set_tenant_weight,
 )
 from pgq_supervisor.errors import (
     ConfigError,
@@ -83,6 +84,7 @@ __all__ = [
     "reset_job",
     "resume",
     "retry_failed",
+    "set_tenant_weight",
     "wait",
     "wait_async",
     "wait_many",

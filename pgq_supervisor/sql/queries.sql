@@ -6,21 +6,22 @@
 -- A job with dependencies goes in waiting (waiting_on > 0: out of the claim's index) until
 -- link_dependencies counts them.
 INSERT INTO {schema}.job (id, type, payload, priority, start_at, max_retry_count, origin, timeout,
-                          depends_on, on_dependency_failure, waiting_on, concurrency_key, trace_context)
+                          depends_on, on_dependency_failure, waiting_on, concurrency_key, tenant,
+                          trace_context)
 VALUES (%(id)s, %(type)s, %(payload)s, %(priority)s, coalesce(%(start_at)s, now()),
         %(max_retry_count)s, %(origin)s, %(timeout)s, %(depends_on)s::uuid[],
         %(on_dependency_failure)s, coalesce(cardinality(%(depends_on)s::uuid[]), 0),
-        %(concurrency_key)s, %(trace_context)s)
+        %(concurrency_key)s, %(tenant)s, %(trace_context)s)
 
 -- name: enqueue_unique
 -- One job. A unique_key already held by an unfinished job makes this insert nothing.
 INSERT INTO {schema}.job (id, type, payload, priority, start_at, max_retry_count, unique_key,
                           origin, timeout, depends_on, on_dependency_failure, waiting_on,
-                          concurrency_key, trace_context)
+                          concurrency_key, tenant, trace_context)
 VALUES (%(id)s, %(type)s, %(payload)s, %(priority)s, coalesce(%(start_at)s, now()),
         %(max_retry_count)s, %(unique_key)s, %(origin)s, %(timeout)s, %(depends_on)s::uuid[],
         %(on_dependency_failure)s, coalesce(cardinality(%(depends_on)s::uuid[]), 0),
-        %(concurrency_key)s, %(trace_context)s)
+        %(concurrency_key)s, %(tenant)s, %(trace_context)s)
 ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state IN ('pending', 'running')
 DO NOTHING
 RETURNING id
@@ -32,17 +33,18 @@ RETURNING id
 -- rectangular), NULL for none.
 INSERT INTO {schema}.job (id, bundle_id, type, payload, priority, start_at, max_retry_count,
                           unique_key, origin, timeout, depends_on, on_dependency_failure,
-                          waiting_on, concurrency_key, trace_context)
+                          waiting_on, concurrency_key, tenant, trace_context)
 SELECT n.id, %(bundle_id)s, n.type, n.payload, n.priority, coalesce(n.start_at, now()),
        n.max_retry_count, n.unique_key, n.origin, n.timeout, n.depends_on::uuid[], n.on_failure,
-       coalesce(cardinality(n.depends_on::uuid[]), 0), n.concurrency_key,
+       coalesce(cardinality(n.depends_on::uuid[]), 0), n.concurrency_key, n.tenant,
        %(trace_context)s
 FROM unnest(%(ids)s::uuid[], %(types)s::text[], %(payloads)s::jsonb[], %(priorities)s::int[],
             %(start_ats)s::timestamptz[], %(max_retry_counts)s::int[], %(unique_keys)s::text[],
             %(origins)s::text[], %(timeouts)s::float8[], %(depends_ons)s::text[],
-            %(on_dependency_failures)s::text[], %(concurrency_keys)s::text[])
+            %(on_dependency_failures)s::text[], %(concurrency_keys)s::text[],
+            %(tenants)s::text[])
      AS n(id, type, payload, priority, start_at, max_retry_count, unique_key, origin, timeout,
-          depends_on, on_failure, concurrency_key)
+          depends_on, on_failure, concurrency_key, tenant)
 ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state IN ('pending', 'running')
 DO NOTHING
 RETURNING id
@@ -451,7 +453,7 @@ SELECT id, bundle_id, type, payload, priority, origin, state, max_retry_count,
        current_retry_count, start_at, started_at, stopped_at, worker_alive_at, worker_id,
        timeout, unique_key, result, error_msg, error_data, attempts, created_at, updated_at,
        progress, waiting_on, depends_on, on_dependency_failure, has_dependents, concurrency_key,
-       trace_context, snoozes, debounce_key, ordered_key
+       trace_context, snoozes, debounce_key, ordered_key, tenant
 FROM {schema}.job WHERE id = %(id)s
 
 -- name: job_states
@@ -463,7 +465,7 @@ SELECT id, bundle_id, type, payload, priority, origin, state, max_retry_count,
        current_retry_count, start_at, started_at, stopped_at, worker_alive_at, worker_id,
        timeout, unique_key, result, error_msg, error_data, attempts, created_at, updated_at,
        progress, waiting_on, depends_on, on_dependency_failure, has_dependents, concurrency_key,
-       trace_context, snoozes, debounce_key, ordered_key
+       trace_context, snoozes, debounce_key, ordered_key, tenant
 FROM {schema}.job WHERE id = ANY(%(ids)s::uuid[])
 
 -- name: set_progress
@@ -503,7 +505,7 @@ SELECT id, bundle_id, type, payload, priority, origin, state, max_retry_count,
        current_retry_count, start_at, started_at, stopped_at, worker_alive_at, worker_id,
        timeout, unique_key, result, error_msg, error_data, attempts, created_at, updated_at,
        progress, waiting_on, depends_on, on_dependency_failure, has_dependents, concurrency_key,
-       trace_context, snoozes, debounce_key, ordered_key
+       trace_context, snoozes, debounce_key, ordered_key, tenant
 FROM {schema}.job
 WHERE state = %(state)s AND (%(type)s::text IS NULL OR type = %(type)s)
 ORDER BY updated_at DESC
@@ -632,7 +634,7 @@ SET synchronous_commit = off
 -- The bulk fast path (no unique_key, no start_at in the batch): COPY skips the per-row
 -- executor work of INSERT ... SELECT unnest. Triggers still fire once per statement.
 COPY {schema}.job (id, bundle_id, type, payload, priority, max_retry_count, origin, timeout,
-                   trace_context, concurrency_key)
+                   trace_context, concurrency_key, tenant)
 FROM STDIN
 
 -- name: schedule_declare
@@ -712,6 +714,12 @@ INSERT INTO {schema}.type_pause (type, paused_by, reason)
 VALUES (%(type)s, %(paused_by)s, %(reason)s)
 ON CONFLICT (type) DO NOTHING
 RETURNING paused_at
+
+-- name: set_tenant_weight
+-- Fair claims (schema/0020): a tenant's weight within a type, read by the next claims.
+INSERT INTO {schema}.tenant_weight (type, tenant, weight)
+VALUES (%(type)s, %(tenant)s, %(weight)s)
+ON CONFLICT (type, tenant) DO UPDATE SET weight = excluded.weight, updated_at = now()
 
 -- name: resume_type
 -- Idempotent: no row when the type was not paused. The notification wakes the workers of the
@@ -964,9 +972,14 @@ ORDER BY 1
 -- One type's unfinished jobs, each count on the partial index that holds its rows (as depth()
 -- in schema/0014 does): a `state IN (...)` over the whole table would read every finished job.
 -- Waiting jobs are found through their dependency rows (job_dependency_pkey leads with job_id).
+-- Tenant jobs due when inserted are on job_tenant_idx (schema/0020), the others on job_claim_idx.
 SELECT
     ((SELECT count(*) FROM {schema}.job
-      WHERE state = 'pending' AND waiting_on = 0 AND start_at <= created_at AND type = %(type)s)
+      WHERE state = 'pending' AND waiting_on = 0 AND start_at <= created_at AND tenant IS NULL
+        AND type = %(type)s)
+     + (SELECT count(*) FROM {schema}.job
+        WHERE state = 'pending' AND waiting_on = 0 AND start_at <= created_at
+          AND tenant IS NOT NULL AND type = %(type)s)
      + (SELECT count(*) FROM {schema}.job
         WHERE state = 'pending' AND waiting_on = 0 AND start_at > created_at
           AND start_at <= now() AND type = %(type)s))::int AS ready,
@@ -981,7 +994,10 @@ SELECT
     extract(epoch FROM now() - least(
         (SELECT min(start_at) FROM {schema}.job
          WHERE state = 'pending' AND waiting_on = 0 AND start_at <= created_at
-           AND type = %(type)s),
+           AND tenant IS NULL AND type = %(type)s),
+        (SELECT min(start_at) FROM {schema}.job
+         WHERE state = 'pending' AND waiting_on = 0 AND start_at <= created_at
+           AND tenant IS NOT NULL AND type = %(type)s),
         (SELECT min(start_at) FROM {schema}.job
          WHERE state = 'pending' AND waiting_on = 0 AND start_at > created_at
            AND start_at <= now() AND type = %(type)s)))::float8 AS oldest_ready_age,
