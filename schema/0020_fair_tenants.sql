@@ -88,6 +88,9 @@ DECLARE
     v_weights integer[];
     v_total   integer;
     v_need    integer;
+    v_visits  integer := 0;
+    v_served  integer := 0;      -- tenants that gave jobs in the first round
+    v_short   boolean := false;  -- one of them gave its last ones
 BEGIN
     SELECT c.stripe, c.last_tenant INTO v_stripe, v_start
     FROM fair_cursor c
@@ -99,7 +102,9 @@ BEGIN
     v_cur := v_start;
     v_wrapped := v_start IS NULL;
     LOOP
-        EXIT WHEN cardinality(v_ids) >= p_limit;
+        -- visits of tenants whose jobs other claims hold take nothing: bounded all the same
+        EXIT WHEN cardinality(v_ids) >= p_limit OR v_visits >= 2 * (p_limit / v_quantum) + 2;
+        v_visits := v_visits + 1;
         IF v_cur IS NULL THEN
             v_next := (SELECT j.tenant FROM job j
                        WHERE j.type = p_type AND j.state = 'pending' AND j.waiting_on = 0
@@ -133,6 +138,8 @@ BEGIN
         IF cardinality(v_took) > 0 THEN
             v_ids := v_ids || v_took;
             v_last := v_next;
+            v_served := v_served + 1;
+            v_short := v_short OR cardinality(v_took) < v_quota;
         END IF;
         IF cardinality(v_took) = v_weight * v_quantum THEN
             v_more := v_more || v_next;
@@ -142,8 +149,14 @@ BEGIN
         EXIT WHEN v_start IS NOT NULL AND v_next = v_start;
     END LOOP;
     -- few tenants had more than a quota: the rest of the batch is theirs, by weight; one that
-    -- runs out drops from the next share-out (each one ends with a tenant fewer, or the batch)
+    -- runs out drops from the next share-out (each one ends with a tenant fewer, or the batch).
+    -- Not when the round served a tenant its last jobs beside others: a small batch brings the
+    -- next claim, and the next small tenant's turn, sooner (a small tenant's job would wait
+    -- behind a full batch of the big ones otherwise).
     v_need := p_limit - cardinality(v_ids);
+    IF v_served > 1 AND v_short THEN
+        v_need := 0;
+    END IF;
     WHILE v_need > 0 AND v_sum_w > 0 LOOP
         v_tenants := v_more;
         v_weights := v_more_w;

@@ -109,7 +109,9 @@ RETURNING id, type, origin, num_jobs, num_jobs_stopped, on_complete, created_at,
 -- name: claim
 -- Takes up to `limit` eligible jobs of the served types, highest priority then oldest, skipping
 -- rows other workers hold, and marks them running under a fresh lease. The rows come back in
--- that order (RETURNING has none of its own), the order the worker runs them in.
+-- that order (RETURNING has none of its own), the order the worker runs them in, but that the
+-- jobs of different tenants (schema/0020) take turns: `turn` numbers each tenant's jobs (those
+-- without one are one tenant), so a small tenant's job is not run behind a big one's batch.
 -- claim_pick (last defined in schema/0008) routes the claim through pauses, limits and rates;
 -- claim_pick_rows (schema/0009) locks the rows, walking job_claim_idx in order with its plan
 -- pinned and merging in the delayed jobs come due from job_delayed_idx. The update then finds
@@ -135,7 +137,7 @@ WITH claimed AS (
       AND j.started_at IS NULL AND j.stopped_at IS NULL
     RETURNING j.id, j.type, j.payload, j.priority, j.current_retry_count + 1 AS attempt,
               j.max_retry_count, j.timeout, j.bundle_id, j.lease, j.created_at,
-              j.depends_on AS dependencies, j.trace_context,
+              j.depends_on AS dependencies, j.trace_context, j.tenant,
               -- CASE: a job without dependencies never runs the sub-select
               CASE WHEN j.depends_on IS NOT NULL THEN
                   (SELECT jsonb_object_agg(d.id, d.result) FROM {schema}.job d
@@ -144,8 +146,10 @@ WITH claimed AS (
 )
 SELECT c.id, c.type, c.payload, c.priority, c.attempt, c.max_retry_count, c.timeout,
        c.bundle_id, c.lease, c.dependencies, c.dependency_results, c.trace_context
-FROM claimed c
-ORDER BY c.priority DESC, c.created_at, c.id
+FROM (SELECT c.*, row_number() OVER (PARTITION BY c.priority, c.tenant
+                                      ORDER BY c.created_at, c.id) AS turn
+      FROM claimed c) c
+ORDER BY c.priority DESC, c.turn, c.created_at, c.id
 
 -- name: heartbeat
 -- Fenced: only jobs still running under this lease are touched. Does not change an indexed
@@ -308,7 +312,7 @@ claimed AS (
       AND j.started_at IS NULL AND j.stopped_at IS NULL
     RETURNING j.id, j.type, j.payload, j.priority, j.current_retry_count + 1 AS attempt,
               j.max_retry_count, j.timeout, j.bundle_id, j.lease, j.created_at,
-              j.depends_on AS dependencies, j.trace_context,
+              j.depends_on AS dependencies, j.trace_context, j.tenant,
               -- CASE: a job without dependencies never runs the sub-select
               CASE WHEN j.depends_on IS NOT NULL THEN
                   (SELECT jsonb_object_agg(d.id, d.result) FROM {schema}.job d
@@ -325,7 +329,10 @@ SELECT (SELECT coalesce(array_agg(d.id), ARRAY[]::uuid[]) FROM done d CROSS JOIN
        array_agg(to_jsonb(c.dependencies)) AS dependencies,
        array_agg(c.dependency_results) AS dependency_results,
        array_agg(c.trace_context) AS trace_context
-FROM (SELECT * FROM claimed c ORDER BY c.priority DESC, c.created_at, c.id) c
+FROM (SELECT * FROM (SELECT c.*, row_number() OVER (PARTITION BY c.priority, c.tenant
+                                                     ORDER BY c.created_at, c.id) AS turn
+                     FROM claimed c) c
+      ORDER BY c.priority DESC, c.turn, c.created_at, c.id) c
 
 -- name: end_attempt
 -- A failed attempt: retry after `delay` seconds if allowed and attempts are left, else failed.

@@ -97,3 +97,12 @@ def test_a_bad_tenant_is_refused_and_nothing_is_written(conn: Conn, bad: str) ->
 def test_the_database_refuses_an_empty_tenant(conn: Conn) -> None:
     with pytest.raises(psycopg.errors.CheckViolation):
         conn.execute("INSERT INTO pgq.job (type, payload, tenant) VALUES ('t', '{}', '')")
+
+
+def test_a_claimed_batch_runs_the_tenants_in_turns(conn: Conn) -> None:
+    _backlog(conn, "big", 50)
+    small = pgq.enqueue(conn, "t", {}, tenant="small")
+    got = claim(conn, ["t"], limit=200)  # a turn is 10 jobs at this batch size
+    assert got[1].id == small  # second, after the big tenant's oldest, not last
+    # 10 + 1: the small tenant ran out, so no share-out: the next claim comes sooner
+    assert len(got) == 11
