@@ -291,12 +291,13 @@ CREATE OR REPLACE FUNCTION claim_pick_fair(p_type text, p_limit integer)
 AS $function$
 DECLARE
     v_quantum integer := greatest(1, p_limit / 20);
+    v_max     integer := 2 * (p_limit / greatest(1, p_limit / 20)) + 2;  -- tenants per claim
     v_stripe  integer;
     v_start   text;
     v_cur     text;
     v_next    text;
     v_last    text;
-    v_wrapped boolean;
+    v_order   text[] := '{}';    -- the tenants to visit this round, in turn
     v_weight  integer;
     v_quota   integer;
     v_took    uuid[];
@@ -308,7 +309,6 @@ DECLARE
     v_weights integer[];
     v_total   integer;
     v_need    integer;
-    v_visits  integer := 0;
     v_served  integer := 0;      -- tenants that gave jobs in the first round
     v_short   boolean := false;  -- one of them gave its last ones
 BEGIN
@@ -319,12 +319,12 @@ BEGIN
     LIMIT 1
     FOR UPDATE SKIP LOCKED;
     -- every stripe held by another claim: walk from the start without a cursor
+    -- The round: the tenants after the stripe's last one, then from the first up to it, and
+    -- that one last. Each found by one descent of job_tenant_idx bounded on both sides, so
+    -- none reads the entries of a tenant's jobs claimed and not vacuumed yet.
     v_cur := v_start;
-    v_wrapped := v_start IS NULL;
     LOOP
-        -- visits of tenants whose jobs other claims hold take nothing: bounded all the same
-        EXIT WHEN cardinality(v_ids) >= p_limit OR v_visits >= 2 * (p_limit / v_quantum) + 2;
-        v_visits := v_visits + 1;
+        EXIT WHEN cardinality(v_order) >= v_max;
         IF v_cur IS NULL THEN
             v_next := (SELECT j.tenant FROM job j
                        WHERE j.type = p_type AND j.state = 'pending' AND j.waiting_on = 0
@@ -337,15 +337,42 @@ BEGIN
                          AND j.tenant > v_cur
                        ORDER BY j.tenant LIMIT 1);
         END IF;
-        IF v_next IS NULL THEN
-            EXIT WHEN v_wrapped;
-            v_wrapped := true;
-            v_cur := NULL;
-            CONTINUE;
-        END IF;
-        -- round the circle: the stripe's last tenant is visited last
-        EXIT WHEN v_wrapped AND v_start IS NOT NULL AND v_next > v_start;
+        EXIT WHEN v_next IS NULL;
+        v_order := v_order || v_next;
         v_cur := v_next;
+    END LOOP;
+    IF v_start IS NOT NULL THEN
+        v_cur := NULL;
+        LOOP
+            EXIT WHEN cardinality(v_order) >= v_max;
+            IF v_cur IS NULL THEN
+                v_next := (SELECT j.tenant FROM job j
+                           WHERE j.type = p_type AND j.state = 'pending' AND j.waiting_on = 0
+                             AND j.start_at <= j.created_at AND j.tenant IS NOT NULL
+                             AND j.tenant < v_start
+                           ORDER BY j.tenant LIMIT 1);
+            ELSE
+                v_next := (SELECT j.tenant FROM job j
+                           WHERE j.type = p_type AND j.state = 'pending' AND j.waiting_on = 0
+                             AND j.start_at <= j.created_at AND j.tenant IS NOT NULL
+                             AND j.tenant > v_cur AND j.tenant < v_start
+                           ORDER BY j.tenant LIMIT 1);
+            END IF;
+            EXIT WHEN v_next IS NULL;
+            v_order := v_order || v_next;
+            v_cur := v_next;
+        END LOOP;
+        IF cardinality(v_order) < v_max THEN
+            v_order := v_order || v_start;  -- its take finds out whether it has jobs left
+        END IF;
+    END IF;
+    -- one tenant: the whole batch is its own, in one take
+    IF cardinality(v_order) = 1 THEN
+        v_quantum := p_limit;
+    END IF;
+    FOR i IN 1 .. cardinality(v_order) LOOP
+        EXIT WHEN cardinality(v_ids) >= p_limit;
+        v_next := v_order[i];
         v_weight := coalesce((SELECT w.weight FROM tenant_weight w
                               WHERE w.type = p_type AND w.tenant = v_next), 1);
         v_quota := least(v_weight * v_quantum, p_limit - cardinality(v_ids));
@@ -366,7 +393,6 @@ BEGIN
             v_more_w := v_more_w || v_weight;
             v_sum_w := v_sum_w + v_weight;
         END IF;
-        EXIT WHEN v_start IS NOT NULL AND v_next = v_start;
     END LOOP;
     -- few tenants had more than a quota: the rest of the batch is theirs, by weight; one that
     -- runs out drops from the next share-out (each one ends with a tenant fewer, or the batch).

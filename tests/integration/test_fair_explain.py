@@ -40,20 +40,19 @@ def _fair_plans(conn: Conn, analyze: bool) -> dict[str, list[Plan]]:
     ).fetchone()
     assert row is not None
     src, config = row
-    [next_tenant] = [
-        q
-        for q in re.findall(r"\((SELECT j\.tenant FROM job j.*?LIMIT 1)\)", src, re.DOTALL)
-        if "> v_cur" in q
-    ]
+    # every search of the next tenant (after the cursor, before it, from the first)
+    nexts = re.findall(r"\((SELECT j\.tenant FROM job j.*?LIMIT 1)\)", src, re.DOTALL)
+    assert len(nexts) == 4, src
     [take] = [
         q
         for q in re.findall(r"ARRAY\((SELECT j\.id FROM job j.*?SKIP LOCKED)\)", src, re.DOTALL)
         if "= v_next" in q
     ]
     texts = {
-        "next": next_tenant.replace("v_cur", "%(tenant)s"),
-        "take": take.replace("v_next", "%(tenant)s").replace("v_quota", "10"),
+        f"next{i}": q.replace("v_cur", "%(tenant)s").replace("v_start", "%(until)s")
+        for i, q in enumerate(nexts)
     }
+    texts["take"] = take.replace("v_next", "%(tenant)s").replace("v_quota", "10")
     plans = {}
     with conn.transaction(force_rollback=True):
         conn.execute("SET LOCAL search_path = pgq")
@@ -66,7 +65,7 @@ def _fair_plans(conn: Conn, analyze: bool) -> dict[str, list[Plan]]:
             prefix = "EXPLAIN (ANALYZE, FORMAT JSON) " if analyze else "EXPLAIN (FORMAT JSON) "
             found = conn.execute(
                 sql.SQL(prefix + text),
-                {"type": "t", "tenant": "tenant-5"},
+                {"type": "t", "tenant": "tenant-5", "until": "tenant-7"},
             ).fetchone()
             assert found is not None
             plans[key] = list(_nodes(found[0][0]["Plan"]))
@@ -89,7 +88,7 @@ def test_the_fair_walk_descends_job_tenant_idx(conn: Conn) -> None:
     for nodes in plans.values():
         _assert_one_descent(nodes)
     # the next tenant is found on the first live entry after the cursor: a row or two read
-    scan = _job_scans(plans["next"])[0]
+    scan = _job_scans(plans["next1"])[0]
     assert scan["Actual Rows"] == 1, scan
     # the jobs without a tenant are still walked on job_claim_idx
     _assert_ordered_walk(_pick_plan(conn, ["t"], 10))
