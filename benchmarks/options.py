@@ -29,9 +29,10 @@ GROUPS = (
     "web",
     "webidx",
     "workflows",
+    "fairness",
 )
 # groups run only when named in --only (long, or made for one question)
-OPT_IN = ("deep", "soak", "webidx", "workflows")
+OPT_IN = ("deep", "soak", "webidx", "workflows", "fairness")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -20,7 +20,19 @@ from datetime import UTC, datetime
 from types import FrameType
 from typing import NoReturn
 
-from benchmarks import deadpod, deep, drain, enqueue, hol, peers, probes, soak, web, workflows
+from benchmarks import (
+    deadpod,
+    deep,
+    drain,
+    enqueue,
+    fairness,
+    hol,
+    peers,
+    probes,
+    soak,
+    web,
+    workflows,
+)
 from benchmarks.apps import LIMIT, calibrate_spin
 from benchmarks.options import Options, parse_args
 from benchmarks.procs import ROOT
@@ -97,6 +109,9 @@ class Bench:
         if "hol" in o.groups:
             for r in runs:
                 steps += self.hol_steps(r)
+        if "fairness" in o.groups:
+            for r in runs:
+                steps += self.fairness_steps(r)
         if "cpu" in o.groups:
             steps.append(Step("calibrate the CPU-bound job", self.calibrate, ()))
             for r in runs:
@@ -234,6 +249,22 @@ class Bench:
                 "hol.batch_1",
                 Ratio("defaults / --claim-batch 1", ("hol.default",), "hol.batch_1",
                       Target("<=", 1.3)),
+            ]  # fmt: skip
+        if "fairness" in self.opts.groups:
+            lo, hi = fairness.CLAIM_TENANTS
+            self.order += [
+                "fairness.empty_p99",
+                "fairness.p99",
+                Ratio("with A's backlog / empty", ("fairness.p99",), "fairness.empty_p99",
+                      Target("<=", 2.0)),
+                "fairness.unfair_drain",
+                "fairness.drain",
+                Ratio("fair / unfair", ("fairness.drain",), "fairness.unfair_drain",
+                      Target(">=", 0.8)),
+                f"fairness.claim_{lo}",
+                f"fairness.claim_{hi}",
+                Ratio(f"{hi:,} / {lo} tenants", (f"fairness.claim_{hi}",), f"fairness.claim_{lo}",
+                      Target("<=", 1.5)),
             ]  # fmt: skip
         self.order += [f"cpu.procs_{p}" for p in self.cpu_procs]
         if len(self.cpu_procs) >= 2:
@@ -506,6 +537,62 @@ class Bench:
                 run(("--app", "benchmarks.apps:limited")),
             ),
         ]
+
+    def fairness_steps(self, r: int) -> list[Step]:
+        """Fair claims across tenants (issue 24 item 4): the small tenants' wake-to-start
+        into an empty queue and beside A's backlog, the type's drain with and without tenants,
+        and the claim's cost with the backlog spread over few and many tenants."""
+        o = self.opts
+        args = o.supervisor_args
+        n = f"{fairness.FAIR_BACKLOG:,}"
+        stream = f"tenants B..K enqueue 1 job/s each, --procs {fairness.FAIR_PROCS}"
+        empty = self.results.measure(
+            "fairness.empty_p99", f"{stream}, empty queue: wake-to-start p99", "ms"
+        )
+        loaded = self.results.measure(
+            "fairness.p99", f"{stream}, tenant A with {n} pending: wake-to-start p99", "ms"
+        )
+        fair = self.results.measure("fairness.drain", f"the type's drain of A's {n}", "jobs/s")
+        unfair = self.results.measure(
+            "fairness.unfair_drain", f"the same {n} without a tenant (plain claim)", "jobs/s"
+        )
+        tag = f"run {r}/{o.runs} fairness"
+
+        def run_empty() -> str:
+            s = fairness.run_empty(self.dsn, args)
+            empty.add(s.p99, s.details())
+            return f"p99 {s.p99:.1f} ms over {len(s.latencies_ms)} jobs"
+
+        def run_fair() -> str:
+            f = fairness.run_fair(self.dsn, args)
+            loaded.add(f.stream.p99, f.details())
+            fair.add(f.rate, f.details())
+            return f"p99 {f.stream.p99:.1f} ms, A drained at {f.rate:,.0f} jobs/s"
+
+        def run_unfair() -> str:
+            rate = fairness.run_unfair(self.dsn, args)
+            unfair.add(rate)
+            return f"{rate:,.0f} jobs/s"
+
+        steps = [
+            Step(f"{tag}: empty queue", run_empty, (empty,)),
+            Step(f"{tag}: A's backlog, B..K streaming", run_fair, (loaded, fair)),
+            Step(f"{tag}: the backlog without tenants", run_unfair, (unfair,)),
+        ]
+        for tenants in fairness.CLAIM_TENANTS:
+            m = self.results.measure(
+                f"fairness.claim_{tenants}",
+                f"a claim of {fairness.CLAIM_LIMIT} from {n} pending over {tenants:,} tenants",
+                "ms",
+            )
+
+            def cost(m: Measure = m, tenants: int = tenants) -> str:
+                ms = fairness.claim_cost(self.dsn, tenants)
+                m.add(ms)
+                return f"{ms:.2f} ms per claim"
+
+            steps.append(Step(f"{tag}: claim cost, {tenants:,} tenants", cost, (m,)))
+        return steps
 
     def hol_steps(self, r: int) -> list[Step]:
         """One slow job among fast ones of its type (issue 20): how long the fast ones take at

@@ -17,6 +17,7 @@ from pgq_supervisor.client import (
     reset_job,
     resume,
     retry_failed,
+    set_tenant_weight,
 )
 from pgq_supervisor.errors import (
     ChildFailed,
@@ -96,6 +97,7 @@ __all__ = [
     "reset_job",
     "resume",
     "retry_failed",
+    "set_tenant_weight",
     "signal",
     "signal_async",
     "wait",

@@ -103,6 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--unique-key", help="unique among unfinished jobs: the holder's id is printed"
     )
     enq.add_argument("--concurrency-key", help="the key of the type's key_concurrency limit")
+    enq.add_argument(
+        "--tenant", help="the job's tenant: the type's claims go round-robin across tenants"
+    )
     enq.add_argument("--max-retry-count", type=int, help="retries after the first attempt")
     enq.set_defaults(handler=cmd_enqueue)
 
@@ -277,6 +280,7 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
             start_at=start_at,
             unique_key=args.unique_key,
             concurrency_key=args.concurrency_key,
+            tenant=args.tenant,
             max_retry_count=args.max_retry_count,
             origin="cli",
         )

@@ -50,6 +50,7 @@ class EnqueueOptions(TypedDict, total=False):
     replace: bool
     replace_running: Literal["wait", "drop"]
     ordered_key: str | None
+    tenant: str | None
 
 
 class JobOptions(TypedDict, total=False):
@@ -60,6 +61,7 @@ class JobOptions(TypedDict, total=False):
     replace: bool
     replace_running: Literal["wait", "drop"]
     ordered_key: str | None
+    tenant: str | None
 
 
 def _schema(schema: str | None) -> str:
@@ -115,6 +117,7 @@ def enqueue(
     replace: bool = False,
     replace_running: Literal["wait", "drop"] = "wait",
     ordered_key: str | None = None,
+    tenant: str | None = None,
     schema: str | None = None,
 ) -> JobId:
     """Insert one job in the caller's transaction and return its id.
@@ -128,6 +131,7 @@ def enqueue(
     this job waits behind it (`replace_running="wait"`) or is dropped (`"drop"`).
     `ordered_key`: the jobs of one key run one at a time, in enqueue order (a failed one
     blocks the key until reset or deleted).
+    `tenant`: the claims of the type go round-robin across its tenants (docs/job-options.md).
     Raises InvalidInput for a bad type name, a payload that is not JSON, or bad options;
     nothing is written then.
 
@@ -143,7 +147,7 @@ def enqueue(
         type, payload, priority, start_at, max_retry_count, unique_key, origin, timeout,
         depends_on, on_dependency_failure, concurrency_key,
         unique_for=unique_for, unique_states=unique_states, replace=replace,
-        replace_running=replace_running, ordered_key=ordered_key,
+        replace_running=replace_running, ordered_key=ordered_key, tenant=tenant,
     )  # fmt: skip
     c = as_psycopg(conn)
     return db.enqueue(c, _schema(schema), job)
@@ -168,6 +172,7 @@ async def enqueue_async(
     replace: bool = False,
     replace_running: Literal["wait", "drop"] = "wait",
     ordered_key: str | None = None,
+    tenant: str | None = None,
     schema: str | None = None,
 ) -> JobId:
     """`enqueue` for a psycopg.AsyncConnection."""
@@ -175,7 +180,7 @@ async def enqueue_async(
         type, payload, priority, start_at, max_retry_count, unique_key, origin, timeout,
         depends_on, on_dependency_failure, concurrency_key,
         unique_for=unique_for, unique_states=unique_states, replace=replace,
-        replace_running=replace_running, ordered_key=ordered_key,
+        replace_running=replace_running, ordered_key=ordered_key, tenant=tenant,
     )  # fmt: skip
     return await db.enqueue_async(await as_psycopg_async(conn), _schema(schema), job)
 
@@ -282,6 +287,19 @@ def resume(conn: ConnLike, type: str, *, schema: str | None = None) -> bool:
     _check_type(type)
     c = as_psycopg(conn)
     return db.resume(c, _schema(schema), type)
+
+
+def set_tenant_weight(
+    conn: ConnLike, type: str, tenant: str, weight: int, *, schema: str | None = None
+) -> None:
+    """Fair claims (docs/job-options.md): `tenant` gets `weight` (1 to 1000, default 1) turns'
+    worth of the type's claims per round. Takes effect for the claims after this commits."""
+    _check_type(type)
+    if not isinstance(tenant, str) or not 1 <= len(tenant) <= 200 or "\x00" in tenant:
+        raise InvalidInput(f"tenant must be a string of 1 to 200 characters, got {tenant!r}")
+    if isinstance(weight, bool) or not isinstance(weight, int) or not 1 <= weight <= 1000:
+        raise InvalidInput(f"weight must be an integer from 1 to 1000, got {weight!r}")
+    db.set_tenant_weight(as_psycopg(conn), _schema(schema), type, tenant, weight)
 
 
 def _check_type(type_: str) -> None:

@@ -110,6 +110,10 @@ class NewJob:
 
     `ordered_key`: the jobs of one key run one at a time, in enqueue order; a failed one
     blocks the key until it is reset or deleted.
+
+    `tenant`: the claims of a type with tenant jobs go round-robin across its tenants
+    (optionally weighted, see set_tenant_weight), so one tenant's backlog does not delay
+    another's jobs.
     """
 
     type: str
@@ -128,6 +132,7 @@ class NewJob:
     replace: bool = False
     replace_running: Literal["wait", "drop"] = "wait"
     ordered_key: str | None = None
+    tenant: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +173,7 @@ class JobRecord:
     debounce_key: str | None = None
     ordered_key: str | None = None  # its key's jobs run one at a time, in enqueue order
     workflow_parent: JobId | None = None  # the workflow whose ctx.enqueue made it
+    tenant: str | None = None  # claims of its type go round-robin across tenants
 
     @property
     def attempt(self) -> int:

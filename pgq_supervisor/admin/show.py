@@ -38,8 +38,8 @@ def _text(
     lines = []
     order = [
         "id", "type", "state", "priority", "progress", "current_retry_count", "max_retry_count",
-        "snoozes", "origin", "bundle_id", "unique_key", "debounce_key", "ordered_key", "timeout",
-        "worker_id",
+        "snoozes", "origin", "bundle_id", "unique_key", "debounce_key", "ordered_key", "tenant",
+        "timeout", "worker_id",
         "created_at", "start_at", "started_at", "worker_alive_at", "stopped_at", "updated_at",
         "payload", "result", "error_msg", "error_data",
     ]  # fmt: skip

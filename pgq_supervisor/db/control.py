@@ -1,5 +1,5 @@
-"""Pauses, rates and concurrency limits of job types: what the claim (schema/0007, 0008)
-reads to hold jobs back."""
+"""Pauses, rates, concurrency limits and tenant weights of job types: what the claim
+(schema/0007, 0008, 0020) reads to hold jobs back or share them out."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from pgq_supervisor.db.params import (
     PauseParams,
     SyncLimitsParams,
     SyncRatesParams,
+    TenantWeightParams,
     TypeParams,
     TypesParams,
 )
@@ -27,6 +28,12 @@ def pause(
     with wrapped(), cursor(conn, scalar_row) as cur:
         paused_at: datetime | None = cur.execute(statement("pause_type", schema), params).fetchone()
     return paused_at
+
+
+def set_tenant_weight(conn: Conn, schema: str, type_: str, tenant: str, weight: int) -> None:
+    params: TenantWeightParams = {"type": type_, "tenant": tenant, "weight": weight}
+    with wrapped():
+        conn.execute(statement("set_tenant_weight", schema), params)
 
 
 def resume(conn: Conn, schema: str, type_: str) -> bool:

@@ -46,6 +46,7 @@ _INT4_MIN, _INT4_MAX = -(2**31), 2**31 - 1  # the integer columns' range
 
 
 MAX_CONCURRENCY_KEY = 200  # schema/0008's CHECK
+MAX_TENANT = 200  # schema/0021's CHECK
 
 
 def _validate(job: NewJob) -> None:
@@ -79,6 +80,14 @@ def _validate(job: NewJob) -> None:
         raise InvalidInput(
             f"concurrency_key must be a string of 1 to {MAX_CONCURRENCY_KEY} characters"
             f" without NUL, got {shown!r}"
+        )
+    tenant = job.tenant
+    if tenant is not None and (
+        not isinstance(tenant, str) or not 1 <= len(tenant) <= MAX_TENANT or "\x00" in tenant
+    ):
+        shown = tenant if not isinstance(tenant, str) or len(tenant) <= 40 else f"{tenant[:40]}..."
+        raise InvalidInput(
+            f"tenant must be a string of 1 to {MAX_TENANT} characters without NUL, got {shown!r}"
         )
 
 
@@ -138,6 +147,7 @@ def enqueue_params(job: NewJob) -> EnqueueRow:
         "depends_on": (deps := _dependencies(job)),
         "on_dependency_failure": None if deps is None else job.on_dependency_failure,
         "concurrency_key": job.concurrency_key,
+        "tenant": job.tenant,
         "trace_context": current_traceparent(),
     }
 
@@ -231,6 +241,7 @@ def enqueue_many_params(jobs: Sequence[NewJob], bundle_id: BundleId | None) -> E
     depends_ons: list[str | None] = []
     on_failures: list[str | None] = []
     concurrency_keys: list[str | None] = []
+    tenants: list[str | None] = []
     for job in jobs:
         _validate(job)
         types.append(job.type)
@@ -245,6 +256,7 @@ def enqueue_many_params(jobs: Sequence[NewJob], bundle_id: BundleId | None) -> E
         depends_ons.append(None if deps is None else "{" + ",".join(map(str, deps)) + "}")
         on_failures.append(None if deps is None else job.on_dependency_failure)
         concurrency_keys.append(job.concurrency_key)
+        tenants.append(job.tenant)
     seen: set[str] = set()
     for key in keys:
         if key is not None:
@@ -265,6 +277,7 @@ def enqueue_many_params(jobs: Sequence[NewJob], bundle_id: BundleId | None) -> E
         "depends_ons": depends_ons,
         "on_dependency_failures": on_failures,
         "concurrency_keys": concurrency_keys,
+        "tenants": tenants,
         "trace_context": current_traceparent(),
     }
 
@@ -407,7 +420,7 @@ def _enqueue_copy(
                     f"{first_id + i:032x}\t{bundle}\t{type_}\t{payload}\t{_copy_int(job.priority)}"
                     f"\t{_copy_int(job.max_retry_count)}\t{_copy_text(job.origin)}"
                     f"\t{_copy_float(job.timeout)}\t{trace_context}"
-                    f"\t{_copy_text(job.concurrency_key)}\n"
+                    f"\t{_copy_text(job.concurrency_key)}\t{_copy_text(job.tenant)}\n"
                 )
             copy.write("".join(lines))
             ids += [JobId(uuid.UUID(int=first_id + i)) for i in range(start, start + len(lines))]

@@ -69,6 +69,7 @@ class EnqueueRow(TypedDict):
     depends_on: list[uuid.UUID] | None
     on_dependency_failure: str | None
     concurrency_key: str | None
+    tenant: str | None
     trace_context: str | None
 
 
@@ -88,6 +89,7 @@ class EnqueueManyParams(TypedDict):
     depends_ons: list[str | None]
     on_dependency_failures: list[str | None]
     concurrency_keys: list[str | None]
+    tenants: list[str | None]
     trace_context: str | None
 
 
@@ -256,6 +258,12 @@ class TypeParams(TypedDict):
     type: str
 
 
+class TenantWeightParams(TypedDict):
+    type: str
+    tenant: str
+    weight: int
+
+
 class SyncRatesParams(TypedDict):
     """`sync_rates`: `rated[i]` allows `max_starts[i]` starts per `periods[i]` seconds; the
     rows of `served` types not in `rated` are deleted."""
@@ -396,6 +404,7 @@ PARAMS: dict[str, type] = {
     "schedules_list": NoParams,
     "pause_type": PauseParams,
     "resume_type": TypeParams,
+    "set_tenant_weight": TenantWeightParams,
     "type_controls": NoParams,
     "sync_rates": SyncRatesParams,
     "rate_next_due": TypesParams,

@@ -6,21 +6,22 @@
 -- A job with dependencies goes in waiting (waiting_on > 0: out of the claim's index) until
 -- link_dependencies counts them.
 INSERT INTO {schema}.job (id, type, payload, priority, start_at, max_retry_count, origin, timeout,
-                          depends_on, on_dependency_failure, waiting_on, concurrency_key, trace_context)
+                          depends_on, on_dependency_failure, waiting_on, concurrency_key, tenant,
+                          trace_context)
 VALUES (%(id)s, %(type)s, %(payload)s, %(priority)s, coalesce(%(start_at)s, now()),
         %(max_retry_count)s, %(origin)s, %(timeout)s, %(depends_on)s::uuid[],
         %(on_dependency_failure)s, coalesce(cardinality(%(depends_on)s::uuid[]), 0),
-        %(concurrency_key)s, %(trace_context)s)
+        %(concurrency_key)s, %(tenant)s, %(trace_context)s)
 
 -- name: enqueue_unique
 -- One job. A unique_key already held by an unfinished job makes this insert nothing.
 INSERT INTO {schema}.job (id, type, payload, priority, start_at, max_retry_count, unique_key,
                           origin, timeout, depends_on, on_dependency_failure, waiting_on,
-                          concurrency_key, trace_context)
+                          concurrency_key, tenant, trace_context)
 VALUES (%(id)s, %(type)s, %(payload)s, %(priority)s, coalesce(%(start_at)s, now()),
         %(max_retry_count)s, %(unique_key)s, %(origin)s, %(timeout)s, %(depends_on)s::uuid[],
         %(on_dependency_failure)s, coalesce(cardinality(%(depends_on)s::uuid[]), 0),
-        %(concurrency_key)s, %(trace_context)s)
+        %(concurrency_key)s, %(tenant)s, %(trace_context)s)
 ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state IN ('pending', 'running')
 DO NOTHING
 RETURNING id
@@ -32,17 +33,18 @@ RETURNING id
 -- rectangular), NULL for none.
 INSERT INTO {schema}.job (id, bundle_id, type, payload, priority, start_at, max_retry_count,
                           unique_key, origin, timeout, depends_on, on_dependency_failure,
-                          waiting_on, concurrency_key, trace_context)
+                          waiting_on, concurrency_key, tenant, trace_context)
 SELECT n.id, %(bundle_id)s, n.type, n.payload, n.priority, coalesce(n.start_at, now()),
        n.max_retry_count, n.unique_key, n.origin, n.timeout, n.depends_on::uuid[], n.on_failure,
-       coalesce(cardinality(n.depends_on::uuid[]), 0), n.concurrency_key,
+       coalesce(cardinality(n.depends_on::uuid[]), 0), n.concurrency_key, n.tenant,
        %(trace_context)s
 FROM unnest(%(ids)s::uuid[], %(types)s::text[], %(payloads)s::jsonb[], %(priorities)s::int[],
             %(start_ats)s::timestamptz[], %(max_retry_counts)s::int[], %(unique_keys)s::text[],
             %(origins)s::text[], %(timeouts)s::float8[], %(depends_ons)s::text[],
-            %(on_dependency_failures)s::text[], %(concurrency_keys)s::text[])
+            %(on_dependency_failures)s::text[], %(concurrency_keys)s::text[],
+            %(tenants)s::text[])
      AS n(id, type, payload, priority, start_at, max_retry_count, unique_key, origin, timeout,
-          depends_on, on_failure, concurrency_key)
+          depends_on, on_failure, concurrency_key, tenant)
 ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state IN ('pending', 'running')
 DO NOTHING
 RETURNING id
@@ -107,7 +109,9 @@ RETURNING id, type, origin, num_jobs, num_jobs_stopped, on_complete, created_at,
 -- name: claim
 -- Takes up to `limit` eligible jobs of the served types, highest priority then oldest, skipping
 -- rows other workers hold, and marks them running under a fresh lease. The rows come back in
--- that order (RETURNING has none of its own), the order the worker runs them in.
+-- that order (RETURNING has none of its own), the order the worker runs them in, but that the
+-- jobs of different tenants (schema/0021) take turns: `turn` numbers each tenant's jobs (those
+-- without one are one tenant), so a small tenant's job is not run behind a big one's batch.
 -- claim_pick (last defined in schema/0008) routes the claim through pauses, limits and rates;
 -- claim_pick_rows (schema/0009) locks the rows, walking job_claim_idx in order with its plan
 -- pinned and merging in the delayed jobs come due from job_delayed_idx. The update then finds
@@ -133,7 +137,7 @@ WITH claimed AS (
       AND j.started_at IS NULL AND j.stopped_at IS NULL
     RETURNING j.id, j.type, j.payload, j.priority, j.current_retry_count + 1 AS attempt,
               j.max_retry_count, j.timeout, j.bundle_id, j.lease, j.created_at,
-              j.depends_on AS dependencies, j.trace_context,
+              j.depends_on AS dependencies, j.trace_context, j.tenant,
               -- CASE: a job without dependencies never runs the sub-select
               CASE WHEN j.depends_on IS NOT NULL THEN
                   (SELECT jsonb_object_agg(d.id, d.result) FROM {schema}.job d
@@ -142,8 +146,10 @@ WITH claimed AS (
 )
 SELECT c.id, c.type, c.payload, c.priority, c.attempt, c.max_retry_count, c.timeout,
        c.bundle_id, c.lease, c.dependencies, c.dependency_results, c.trace_context
-FROM claimed c
-ORDER BY c.priority DESC, c.created_at, c.id
+FROM (SELECT c.*, row_number() OVER (PARTITION BY c.priority, c.tenant
+                                      ORDER BY c.created_at, c.id) AS turn
+      FROM claimed c) c
+ORDER BY c.priority DESC, c.turn, c.created_at, c.id
 
 -- name: heartbeat
 -- Fenced: only jobs still running under this lease are touched. Does not change an indexed
@@ -306,7 +312,7 @@ claimed AS (
       AND j.started_at IS NULL AND j.stopped_at IS NULL
     RETURNING j.id, j.type, j.payload, j.priority, j.current_retry_count + 1 AS attempt,
               j.max_retry_count, j.timeout, j.bundle_id, j.lease, j.created_at,
-              j.depends_on AS dependencies, j.trace_context,
+              j.depends_on AS dependencies, j.trace_context, j.tenant,
               -- CASE: a job without dependencies never runs the sub-select
               CASE WHEN j.depends_on IS NOT NULL THEN
                   (SELECT jsonb_object_agg(d.id, d.result) FROM {schema}.job d
@@ -323,7 +329,10 @@ SELECT (SELECT coalesce(array_agg(d.id), ARRAY[]::uuid[]) FROM done d CROSS JOIN
        array_agg(to_jsonb(c.dependencies)) AS dependencies,
        array_agg(c.dependency_results) AS dependency_results,
        array_agg(c.trace_context) AS trace_context
-FROM (SELECT * FROM claimed c ORDER BY c.priority DESC, c.created_at, c.id) c
+FROM (SELECT * FROM (SELECT c.*, row_number() OVER (PARTITION BY c.priority, c.tenant
+                                                     ORDER BY c.created_at, c.id) AS turn
+                     FROM claimed c) c
+      ORDER BY c.priority DESC, c.turn, c.created_at, c.id) c
 
 -- name: end_attempt
 -- A failed attempt: retry after `delay` seconds if allowed and attempts are left, else failed.
@@ -451,7 +460,7 @@ SELECT id, bundle_id, type, payload, priority, origin, state, max_retry_count,
        current_retry_count, start_at, started_at, stopped_at, worker_alive_at, worker_id,
        timeout, unique_key, result, error_msg, error_data, attempts, created_at, updated_at,
        progress, waiting_on, depends_on, on_dependency_failure, has_dependents, concurrency_key,
-       trace_context, snoozes, debounce_key, ordered_key, workflow_parent
+       trace_context, snoozes, debounce_key, ordered_key, workflow_parent, tenant
 FROM {schema}.job WHERE id = %(id)s
 
 -- name: job_states
@@ -463,7 +472,7 @@ SELECT id, bundle_id, type, payload, priority, origin, state, max_retry_count,
        current_retry_count, start_at, started_at, stopped_at, worker_alive_at, worker_id,
        timeout, unique_key, result, error_msg, error_data, attempts, created_at, updated_at,
        progress, waiting_on, depends_on, on_dependency_failure, has_dependents, concurrency_key,
-       trace_context, snoozes, debounce_key, ordered_key, workflow_parent
+       trace_context, snoozes, debounce_key, ordered_key, workflow_parent, tenant
 FROM {schema}.job WHERE id = ANY(%(ids)s::uuid[])
 
 -- name: set_progress
@@ -503,7 +512,7 @@ SELECT id, bundle_id, type, payload, priority, origin, state, max_retry_count,
        current_retry_count, start_at, started_at, stopped_at, worker_alive_at, worker_id,
        timeout, unique_key, result, error_msg, error_data, attempts, created_at, updated_at,
        progress, waiting_on, depends_on, on_dependency_failure, has_dependents, concurrency_key,
-       trace_context, snoozes, debounce_key, ordered_key, workflow_parent
+       trace_context, snoozes, debounce_key, ordered_key, workflow_parent, tenant
 FROM {schema}.job
 WHERE state = %(state)s AND (%(type)s::text IS NULL OR type = %(type)s)
 ORDER BY updated_at DESC
@@ -632,7 +641,7 @@ SET synchronous_commit = off
 -- The bulk fast path (no unique_key, no start_at in the batch): COPY skips the per-row
 -- executor work of INSERT ... SELECT unnest. Triggers still fire once per statement.
 COPY {schema}.job (id, bundle_id, type, payload, priority, max_retry_count, origin, timeout,
-                   trace_context, concurrency_key)
+                   trace_context, concurrency_key, tenant)
 FROM STDIN
 
 -- name: schedule_declare
@@ -714,6 +723,12 @@ INSERT INTO {schema}.type_pause (type, paused_by, reason)
 VALUES (%(type)s, %(paused_by)s, %(reason)s)
 ON CONFLICT (type) DO NOTHING
 RETURNING paused_at
+
+-- name: set_tenant_weight
+-- Fair claims (schema/0021): a tenant's weight within a type, read by the next claims.
+INSERT INTO {schema}.tenant_weight (type, tenant, weight)
+VALUES (%(type)s, %(tenant)s, %(weight)s)
+ON CONFLICT (type, tenant) DO UPDATE SET weight = excluded.weight, updated_at = now()
 
 -- name: resume_type
 -- Idempotent: no row when the type was not paused. The notification wakes the workers of the
@@ -1023,9 +1038,14 @@ ORDER BY 1
 -- One type's unfinished jobs, each count on the partial index that holds its rows (as depth()
 -- in schema/0014 does): a `state IN (...)` over the whole table would read every finished job.
 -- Waiting jobs are found through their dependency rows (job_dependency_pkey leads with job_id).
+-- Tenant jobs due when inserted are on job_tenant_idx (schema/0021), the others on job_claim_idx.
 SELECT
     ((SELECT count(*) FROM {schema}.job
-      WHERE state = 'pending' AND waiting_on = 0 AND start_at <= created_at AND type = %(type)s)
+      WHERE state = 'pending' AND waiting_on = 0 AND start_at <= created_at AND tenant IS NULL
+        AND type = %(type)s)
+     + (SELECT count(*) FROM {schema}.job
+        WHERE state = 'pending' AND waiting_on = 0 AND start_at <= created_at
+          AND tenant IS NOT NULL AND type = %(type)s)
      + (SELECT count(*) FROM {schema}.job
         WHERE state = 'pending' AND waiting_on = 0 AND start_at > created_at
           AND start_at <= now() AND type = %(type)s))::int AS ready,
@@ -1040,7 +1060,10 @@ SELECT
     extract(epoch FROM now() - least(
         (SELECT min(start_at) FROM {schema}.job
          WHERE state = 'pending' AND waiting_on = 0 AND start_at <= created_at
-           AND type = %(type)s),
+           AND tenant IS NULL AND type = %(type)s),
+        (SELECT min(start_at) FROM {schema}.job
+         WHERE state = 'pending' AND waiting_on = 0 AND start_at <= created_at
+           AND tenant IS NOT NULL AND type = %(type)s),
         (SELECT min(start_at) FROM {schema}.job
          WHERE state = 'pending' AND waiting_on = 0 AND start_at > created_at
            AND start_at <= now() AND type = %(type)s)))::float8 AS oldest_ready_age,

@@ -52,6 +52,7 @@ def test_get_job_reads_every_column_by_name(conn: Conn) -> None:
         timeout=12.5,
         depends_on=[dep := pgq.enqueue(conn, "dep")],
         concurrency_key="customer:42",
+        tenant="acme",
     )
     with conn.transaction():
         bundle = db.insert_bundle(conn, SCHEMA, "t", 1, "tests", None)

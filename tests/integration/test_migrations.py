@@ -52,6 +52,7 @@ JOB_COLUMNS = {
     "ordered_key": ("text", True),
     "ordered_seq": ("bigint", True),
     "workflow_parent": ("uuid", True),
+    "tenant": ("text", True),
 }
 DEPENDENCY_COLUMNS = {
     "job_id": ("uuid", False),
@@ -115,6 +116,17 @@ TYPE_LIMIT_STRIPE_COLUMNS = {
     "slots": ("integer", False),
     "leases": ("ARRAY", False),
 }
+FAIR_CURSOR_COLUMNS = {
+    "type": ("text", False),
+    "stripe": ("integer", False),
+    "last_tenant": ("text", True),
+}
+TENANT_WEIGHT_COLUMNS = {
+    "type": ("text", False),
+    "tenant": ("text", False),
+    "weight": ("integer", False),
+    "updated_at": ("timestamp with time zone", False),
+}
 SUPERVISOR_COLUMNS = {
     "id": ("text", False),
     "host": ("text", False),
@@ -136,7 +148,19 @@ INDEXES = {
     "job_claim_idx": (
         "CREATE INDEX job_claim_idx ON {s}.job USING btree (priority DESC, created_at, id)"
         " WHERE ((state = 'pending'::{s}.job_state) AND (waiting_on = 0)"
-        " AND (start_at <= created_at))"
+        " AND (start_at <= created_at) AND (tenant IS NULL))"
+    ),
+    "job_tenant_idx": (
+        "CREATE INDEX job_tenant_idx ON {s}.job USING btree"
+        " (type, tenant, priority DESC, created_at, id)"
+        " WHERE ((state = 'pending'::{s}.job_state) AND (waiting_on = 0)"
+        " AND (start_at <= created_at) AND (tenant IS NOT NULL))"
+    ),
+    "fair_cursor_pkey": (
+        "CREATE UNIQUE INDEX fair_cursor_pkey ON {s}.fair_cursor USING btree (type, stripe)"
+    ),
+    "tenant_weight_pkey": (
+        "CREATE UNIQUE INDEX tenant_weight_pkey ON {s}.tenant_weight USING btree (type, tenant)"
     ),
     "job_unique_key_idx": (
         "CREATE UNIQUE INDEX job_unique_key_idx ON {s}.job USING btree (unique_key)"
@@ -203,6 +227,23 @@ CHECKS = {
     ("job", "job_type_check"): "CHECK (((char_length(type) >= 1) AND (char_length(type) <= 100)))",
     ("job", "job_max_retry_count_check"): "CHECK ((max_retry_count >= 0))",
     ("job", "job_snoozes_range"): "CHECK ((snoozes >= 0))",
+    ("job", "job_tenant_length"): (
+        "CHECK (((tenant IS NULL) OR ((char_length(tenant) >= 1)"
+        " AND (char_length(tenant) <= 200))))"
+    ),
+    ("fair_cursor", "fair_cursor_stripe_check"): "CHECK (((stripe >= 0) AND (stripe <= 7)))",
+    ("fair_cursor", "fair_cursor_type_check"): (
+        "CHECK (((char_length(type) >= 1) AND (char_length(type) <= 100)))"
+    ),
+    ("tenant_weight", "tenant_weight_tenant_check"): (
+        "CHECK (((char_length(tenant) >= 1) AND (char_length(tenant) <= 200)))"
+    ),
+    ("tenant_weight", "tenant_weight_type_check"): (
+        "CHECK (((char_length(type) >= 1) AND (char_length(type) <= 100)))"
+    ),
+    ("tenant_weight", "tenant_weight_weight_check"): (
+        "CHECK (((weight >= 1) AND (weight <= 1000)))"
+    ),
     ("job", "job_ordered_key_length"): (
         "CHECK (((ordered_key IS NULL) OR ((char_length(ordered_key) >= 1)"
         " AND (char_length(ordered_key) <= 200))))"
@@ -287,6 +328,10 @@ CHECKS = {
     ),
 }
 TRIGGERS = {
+    "job_tenant_type": (
+        "CREATE TRIGGER job_tenant_type AFTER INSERT ON {s}.job FOR EACH ROW"
+        " WHEN ((new.tenant IS NOT NULL)) EXECUTE FUNCTION {s}.job_tenant_type()"
+    ),
     "job_ordered_state": (
         "CREATE TRIGGER job_ordered_state BEFORE UPDATE OF state ON {s}.job FOR EACH ROW"
         " WHEN (((new.ordered_key IS NOT NULL) AND (old.state IS DISTINCT FROM new.state)))"
@@ -378,6 +423,8 @@ FUNCTIONS = {
     "ordered_link",
     "job_ordered_state",
     "job_ordered_release",
+    "job_tenant_type",
+    "claim_pick_fair",
 }
 
 
@@ -459,12 +506,14 @@ def assert_declared_schema(conn: Conn, s: str) -> None:
         "SELECT tablename FROM pg_tables WHERE schemaname = %s ORDER BY 1", (s,)
     ).fetchall()
     assert [r[0] for r in tables] == [
+        "fair_cursor",
         "job",
         "job_bundle",
         "job_dependency",
         "schedule",
         "schema_version",
         "supervisor",
+        "tenant_weight",
         "type_limit",
         "type_limit_stripe",
         "type_pause",
@@ -484,6 +533,8 @@ def assert_declared_schema(conn: Conn, s: str) -> None:
     assert _columns(conn, s, "schedule") == SCHEDULE_COLUMNS
     assert _columns(conn, s, "schema_version") == VERSION_COLUMNS
     assert _columns(conn, s, "supervisor") == SUPERVISOR_COLUMNS
+    assert _columns(conn, s, "fair_cursor") == FAIR_CURSOR_COLUMNS
+    assert _columns(conn, s, "tenant_weight") == TENANT_WEIGHT_COLUMNS
 
     labels = conn.execute(
         "SELECT e.enumlabel FROM pg_enum e JOIN pg_type t ON t.oid = e.enumtypid"

@@ -136,6 +136,14 @@ def test_search_by_id_opens_the_job_and_by_unique_key_lists_it(
     assert str(job_id) not in client.get("/jobs?q=order-43").text
 
 
+def test_a_tenant_job_page_names_its_tenant(client: TestClient, conn: Conn) -> None:
+    job_id = db.enqueue(conn, SCHEMA, NewJob("t", {}, tenant="acme"))
+    found = re.search(r'<td id="tenant">(.*?)</td>', client.get(f"/jobs/{job_id}").text, re.S)
+    assert found is not None and found.group(1).startswith("acme")
+    plain = db.enqueue(conn, SCHEMA, NewJob("t", {}))
+    assert 'id="tenant"' not in client.get(f"/jobs/{plain}").text
+
+
 def test_keyset_pages_cover_every_job_once(client: TestClient, conn: Conn) -> None:
     ids = {str(db.enqueue(conn, SCHEMA, NewJob("t", {"i": i}))) for i in range(120)}
     seen: list[str] = []

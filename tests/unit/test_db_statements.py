@@ -61,5 +61,5 @@ def test_succeed_and_claim_runs_the_very_updates_of_succeed_and_claim() -> None:
     after_done = "%(lease)s::uuid) WHERE (SELECT count(*) FROM done) >= 0)::uuid[])"
     assert _cte(both, "claimed") == _cte(claim, "claimed").replace(pick, after_done)
     # and both give the batch the same order
-    order = "ORDER BY c.priority DESC, c.created_at, c.id"
-    assert claim.endswith(order) and f"FROM claimed c {order}) c" in both
+    order = "ORDER BY c.priority DESC, c.turn, c.created_at, c.id"
+    assert claim.endswith(order) and f"FROM claimed c) c {order}) c" in both
