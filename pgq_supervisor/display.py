@@ -129,3 +129,18 @@ def current_pause(steps: Sequence[StepView]) -> str | None:
     if not steps or steps[-1].state not in ("sleeping", "waiting", "retrying"):
         return None
     return step_line(steps[-1]).detail
+
+
+def held_back(record: JobRecord) -> str | None:
+    """Why a pending job is not claimable yet, when one of the job options holds it back."""
+    if record.state is not JobState.PENDING:
+        return None
+    last = record.attempts[-1] if record.attempts else None
+    if isinstance(last, dict) and last.get("kind") == "snoozed":
+        return f"snoozed (snooze {record.snoozes}) until {record.start_at.isoformat()}"
+    if record.debounce_key is not None and record.waiting_on > 0:
+        behind = ", ".join(str(d) for d in record.depends_on or ())
+        return f"debounced (key {record.debounce_key!r}): waits behind running job {behind}"
+    if record.ordered_key is not None and record.waiting_on > 0 and not record.depends_on:
+        return f"ordered (key {record.ordered_key!r}): waits for the earlier jobs of its key"
+    return None

@@ -12,7 +12,14 @@ from datetime import datetime
 from pgq_supervisor import db
 from pgq_supervisor.connect import open_db
 from pgq_supervisor.db import workflows
-from pgq_supervisor.display import NotStarted, current_pause, not_started, progress_cell, step_line
+from pgq_supervisor.display import (
+    NotStarted,
+    current_pause,
+    held_back,
+    not_started,
+    progress_cell,
+    step_line,
+)
 from pgq_supervisor.jobs import JobId, JobRecord, JobState, JsonValue
 from pgq_supervisor.settings import Settings
 from pgq_supervisor.steps import StepView
@@ -82,21 +89,6 @@ def _text(
                 f"  {step.detail}"
             )
     return "\n".join(lines)
-
-
-def held_back(record: JobRecord) -> str | None:
-    """Why a pending job is not claimable yet, when one of the job options holds it back."""
-    if record.state is not JobState.PENDING:
-        return None
-    last = record.attempts[-1] if record.attempts else None
-    if isinstance(last, dict) and last.get("kind") == "snoozed":
-        return f"snoozed (snooze {record.snoozes}) until {record.start_at.isoformat()}"
-    if record.debounce_key is not None and record.waiting_on > 0:
-        behind = ", ".join(str(d) for d in record.depends_on or ())
-        return f"debounced (key {record.debounce_key!r}): waits behind running job {behind}"
-    if record.ordered_key is not None and record.waiting_on > 0 and not record.depends_on:
-        return f"ordered (key {record.ordered_key!r}): waits for the earlier jobs of its key"
-    return None
 
 
 def cmd_show(args: argparse.Namespace, settings: Settings) -> int:

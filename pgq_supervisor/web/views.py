@@ -10,7 +10,14 @@ from pgq_supervisor import db
 from pgq_supervisor.db import workflows
 from pgq_supervisor.db.rows import ScheduleRecord
 from pgq_supervisor.db.web_rows import RunningJob
-from pgq_supervisor.display import children_of, count_of, current_pause, not_started, step_line
+from pgq_supervisor.display import (
+    children_of,
+    count_of,
+    current_pause,
+    held_back,
+    not_started,
+    step_line,
+)
 from pgq_supervisor.errors import ConfigError, JobNotFound
 from pgq_supervisor.jobs import BundleId, JobId, JobState
 from pgq_supervisor.periodic import Schedule
@@ -112,6 +119,7 @@ def job(conn: db.Conn, schema: str, job_id: JobId) -> Data:
     steps = workflows.steps(conn, schema, job_id)
     return {
         "steps": [step_line(s) for s in steps],
+        "held_back": held_back(record),
         "pause": current_pause(steps) if record.state is JobState.PENDING else None,
         "job": record,
         "bundle": bundle,

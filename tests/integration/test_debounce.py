@@ -13,8 +13,8 @@ import pytest
 
 import pgq_supervisor as pgq
 from pgq_supervisor import testing
-from pgq_supervisor.admin.show import held_back
 from pgq_supervisor.db import Conn
+from pgq_supervisor.display import held_back
 from tests.support.db import claim_one, count_rows, get, in_threads
 
 registry = pgq.Registry()

@@ -10,8 +10,8 @@ import pytest
 
 import pgq_supervisor as pgq
 from pgq_supervisor import db, testing
-from pgq_supervisor.admin.show import held_back
 from pgq_supervisor.db import Conn
+from pgq_supervisor.display import held_back
 from pgq_supervisor.errors import ConfigError
 from tests.support.db import get, make_due
 

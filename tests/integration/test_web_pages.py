@@ -311,3 +311,15 @@ def test_waiting_jobs_show_as_waiting_and_attempts_count_as_the_cli_counts(
     assert shown == "2 of 4" and line.split(None, 1)[1].strip() == shown
     listed = client.get("/jobs").text.split(f'<tr data-id="{retried}"')[1].split("</tr>")[0]
     assert ">2/4<" in listed
+
+
+def test_the_job_page_says_why_a_job_option_holds_a_job_back(
+    client: TestClient, conn: Conn
+) -> None:
+    """The `held back` line of `show` is on the job page too (an ordered key's second job)."""
+    first, second = (pgq.enqueue(conn, "t", {"n": n}, ordered_key="account:42") for n in (1, 2))
+    page = client.get(f"/jobs/{second}").text
+    assert _cell(page, "held-back") == (
+        "ordered (key &#39;account:42&#39;): waits for the earlier jobs of its key"
+    )
+    assert 'id="held-back"' not in client.get(f"/jobs/{first}").text  # the key's head
