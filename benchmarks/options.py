@@ -30,9 +30,10 @@ GROUPS = (
     "webidx",
     "workflows",
     "fairness",
+    "horizon",
 )
 # groups run only when named in --only (long, or made for one question)
-OPT_IN = ("deep", "soak", "webidx", "workflows", "fairness")
+OPT_IN = ("deep", "soak", "webidx", "workflows", "fairness", "horizon")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -58,6 +59,7 @@ class Options:
     deep_delayed: int
     deep_samples: int
     minutes: float
+    horizon_seconds: float
     supervisor_args: tuple[str, ...]
     output: Path | None
     markdown: bool
@@ -85,6 +87,7 @@ class Options:
             "deep_delayed": self.deep_delayed,
             "deep_samples": self.deep_samples,
             "minutes": self.minutes,
+            "horizon_seconds": self.horizon_seconds,
             "supervisor_args": list(self.supervisor_args),
         }
 
@@ -166,6 +169,12 @@ def _parser() -> argparse.ArgumentParser:
         help="soak: how long producers and workers run (10); a row per minute",
     )
     add(
+        "--horizon-seconds",
+        type=float,
+        default=600.0,
+        help="horizon: seconds each variant runs, the snapshot held throughout (600)",
+    )
+    add(
         "--web-jobs",
         type=int,
         default=1_000_000,
@@ -211,6 +220,8 @@ def parse_args(argv: Sequence[str]) -> Options:
         p.error("--deep-finished must be at least 0")
     if not ns.minutes >= 2:
         p.error("--minutes must be at least 2 (the soak compares the last minute with the second)")
+    if not ns.horizon_seconds >= 10:
+        p.error("--horizon-seconds must be at least 10")
     peers = tuple(n for n in ns.peers.split(",") if n)
     unknown = sorted(set(peers) - set(PEERS))
     if unknown:
@@ -241,6 +252,7 @@ def parse_args(argv: Sequence[str]) -> Options:
         deep_delayed=ns.deep_delayed,
         deep_samples=ns.deep_samples,
         minutes=ns.minutes,
+        horizon_seconds=ns.horizon_seconds,
         supervisor_args=extra,
         output=ns.output,
         markdown=ns.markdown,

@@ -27,6 +27,7 @@ from benchmarks import (
     enqueue,
     fairness,
     hol,
+    horizon,
     peers,
     probes,
     soak,
@@ -64,6 +65,22 @@ IO_SECONDS = 0.05
 IO_PROCS = 2
 IO_ASYNC_CONCURRENCY = 100
 IO_THREAD_CONCURRENCY = 20
+
+
+# the horizon group's figures: key, label, unit; and the issue's targets for held / clean
+HORIZON_FIGURES = (
+    ("rate", "jobs run a second", "jobs/s"),
+    ("backlog", "largest backlog", "jobs"),
+    ("claim_p99", "claim p99", "ms"),
+    ("wake_p99", "wake p99", "ms"),
+    ("size", "job table + indexes after the run", "MiB"),
+)
+HORIZON_TARGETS = {
+    "rate": Target(">=", 0.95),
+    "claim_p99": Target("<=", 2.0),
+    "wake_p99": Target("<=", 2.0),
+    "size": Target("<=", 2.0),
+}
 
 
 class Bench:
@@ -112,6 +129,9 @@ class Bench:
         if "fairness" in o.groups:
             for r in runs:
                 steps += self.fairness_steps(r)
+        if "horizon" in o.groups:
+            for r in runs:
+                steps += self.horizon_steps(r)
         if "cpu" in o.groups:
             steps.append(Step("calibrate the CPU-bound job", self.calibrate, ()))
             for r in runs:
@@ -266,6 +286,8 @@ class Bench:
                 Ratio(f"{hi:,} / {lo} tenants", (f"fairness.claim_{hi}",), f"fairness.claim_{lo}",
                       Target("<=", 1.5)),
             ]  # fmt: skip
+        if "horizon" in self.opts.groups:
+            self.order += self.horizon_layout()
         self.order += [f"cpu.procs_{p}" for p in self.cpu_procs]
         if len(self.cpu_procs) >= 2:
             self.order.append(
@@ -593,6 +615,54 @@ class Bench:
 
             steps.append(Step(f"{tag}: claim cost, {tenants:,} tenants", cost, (m,)))
         return steps
+
+    def horizon_steps(self, r: int) -> list[Step]:
+        """Vacuum's horizon held back (issue 23 item 2): the same steady flow with nothing
+        else, with a snapshot held throughout, and with that and a reader scanning the table."""
+        o = self.opts
+        secs = o.horizon_seconds
+        flow = f"{horizon.HORIZON_RATE:,} jobs/s for {secs:g} s, --procs {horizon.PROCS}"
+        steps = []
+        for variant in horizon.VARIANTS:
+            ms = {
+                key: self.results.measure(f"horizon.{variant}.{key}", f"{label}, {variant}", unit)
+                for key, label, unit in HORIZON_FIGURES
+            }
+
+            def action(variant: str = variant, ms: dict[str, Measure] = ms) -> str:
+                w = horizon.run_weather(self.dsn, variant, secs, o.supervisor_args)
+                d = w.details()
+                values = {
+                    "rate": w.rate,
+                    "backlog": float(w.max_backlog),
+                    "claim_p99": w.claim_p99,
+                    "wake_p99": w.wake_p99_ms,
+                    "size": w.table_bytes / 2**20,
+                }
+                for key, m in ms.items():
+                    m.add(values[key], d)
+                return (
+                    f"{w.rate:,.0f} jobs/s, backlog <= {w.max_backlog:,}, claim p99"
+                    f" {w.claim_p99:.1f} ms, wake p99 {w.wake_p99_ms:.1f} ms,"
+                    f" table {w.table_bytes / 2**20:,.0f} MiB"
+                )
+
+            steps.append(
+                Step(f"run {r}/{o.runs} horizon, {variant}: {flow}", action, tuple(ms.values()))
+            )
+        return steps
+
+    def horizon_layout(self) -> list[str | Ratio]:
+        order: list[str | Ratio] = []
+        for key, label, _ in HORIZON_FIGURES:
+            order += [f"horizon.{v}.{key}" for v in horizon.VARIANTS]
+            target = HORIZON_TARGETS.get(key)
+            for v in horizon.VARIANTS[1:]:
+                order.append(
+                    Ratio(f"{label}: {v} / clean", (f"horizon.{v}.{key}",),
+                          f"horizon.clean.{key}", target)
+                )  # fmt: skip
+        return order
 
     def hol_steps(self, r: int) -> list[Step]:
         """One slow job among fast ones of its type (issue 20): how long the fast ones take at

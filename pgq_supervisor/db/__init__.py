@@ -84,6 +84,7 @@ from pgq_supervisor.db.enqueueing import (
     enqueue_params,
     insert_bundle,
 )
+from pgq_supervisor.db.floors import clear_floors, horizon_held, refresh_floors
 from pgq_supervisor.db.lifecycle import (
     age_priorities,
     claim,
@@ -149,6 +150,7 @@ __all__ = [
     "cancel",
     "cancelled_among",
     "claim",
+    "clear_floors",
     "connect",
     "connect_at_startup",
     "connection_limits",
@@ -176,6 +178,7 @@ __all__ = [
     "get_jobs",
     "get_jobs_async",
     "heartbeat",
+    "horizon_held",
     "insert_bundle",
     "is_permanent_connect_error",
     "job_dependencies",
@@ -195,6 +198,7 @@ __all__ = [
     "queue_stats",
     "rate_next_due",
     "redact",
+    "refresh_floors",
     "register_supervisor",
     "release",
     "rescue",

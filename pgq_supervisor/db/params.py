@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TypedDict
 
+from pgq_supervisor.db.floors import FLOOR_PARAMS
 from pgq_supervisor.db.option_params import (
     AgePrioritiesParams,
     DebounceKeyParams,
@@ -431,4 +432,5 @@ PARAMS: dict[str, type] = {
     "schema_dump_views": SchemaNameParams,
     "schema_dump_functions": SchemaNameParams,
     **WORKFLOW_PARAMS,
+    **FLOOR_PARAMS,
 }

@@ -1442,3 +1442,22 @@ SELECT j.type, s.state, count(*)::int
 FROM {schema}.workflow_step s JOIN {schema}.job j ON j.id = s.job_id
 WHERE s.state IN ('sleeping', 'waiting', 'retrying') AND j.state = 'pending'
 GROUP BY 1, 2
+
+-- name: horizon_held
+-- Seconds the oldest snapshot of another session of this database (or a prepared transaction)
+-- has been held: while it is held, vacuum can remove no row version made since (0: none).
+SELECT coalesce(extract(epoch FROM now() - least(
+           (SELECT min(a.xact_start) FROM pg_catalog.pg_stat_activity a
+            WHERE a.backend_xmin IS NOT NULL AND a.pid <> pg_backend_pid()
+              AND a.datname = current_database()),
+           (SELECT min(p.prepared) FROM pg_catalog.pg_prepared_xacts p
+            WHERE p.database = current_database()))), 0)::float8
+
+-- name: claim_floor_refresh
+-- The claim floors of the types (schema/0022): walked past their dead prefix; `full` from the
+-- start of the index. Returns how many types were walked.
+SELECT {schema}.claim_floor_refresh(%(types)s::text[], %(full)s::boolean)
+
+-- name: claim_floor_clear
+-- The horizon moved on: the types' claims walk from the start again.
+SELECT {schema}.claim_floor_clear(%(types)s::text[])

@@ -121,6 +121,15 @@ FAIR_CURSOR_COLUMNS = {
     "stripe": ("integer", False),
     "last_tenant": ("text", True),
 }
+# schema/0022: claim floors
+CLAIM_FLOOR_COLUMNS = {
+    "type": ("text", False),
+    "levels": ("ARRAY", False),
+    "ats": ("ARRAY", False),
+    "upto": ("timestamp with time zone", False),
+    "walked_at": ("timestamp with time zone", False),
+    "full_at": ("timestamp with time zone", False),
+}
 TENANT_WEIGHT_COLUMNS = {
     "type": ("text", False),
     "tenant": ("text", False),
@@ -155,6 +164,9 @@ INDEXES = {
         " (type, tenant, priority DESC, created_at, id)"
         " WHERE ((state = 'pending'::{s}.job_state) AND (waiting_on = 0)"
         " AND (start_at <= created_at) AND (tenant IS NOT NULL))"
+    ),
+    "claim_floor_pkey": (
+        "CREATE UNIQUE INDEX claim_floor_pkey ON {s}.claim_floor USING btree (type)"
     ),
     "fair_cursor_pkey": (
         "CREATE UNIQUE INDEX fair_cursor_pkey ON {s}.fair_cursor USING btree (type, stripe)"
@@ -230,6 +242,10 @@ CHECKS = {
     ("job", "job_tenant_length"): (
         "CHECK (((tenant IS NULL) OR ((char_length(tenant) >= 1)"
         " AND (char_length(tenant) <= 200))))"
+    ),
+    ("claim_floor", "claim_floor_check"): "CHECK ((cardinality(levels) = cardinality(ats)))",
+    ("claim_floor", "claim_floor_type_check"): (
+        "CHECK (((char_length(type) >= 1) AND (char_length(type) <= 100)))"
     ),
     ("fair_cursor", "fair_cursor_stripe_check"): "CHECK (((stripe >= 0) AND (stripe <= 7)))",
     ("fair_cursor", "fair_cursor_type_check"): (
@@ -485,6 +501,21 @@ TRIGGERS |= {
     ),
 }
 FUNCTIONS |= {"workflow_signal", "workflow_child_ended", "workflow_suspend"}
+TRIGGERS["job_floor_requeue"] = (
+    "CREATE TRIGGER job_floor_requeue BEFORE UPDATE OF waiting_on, priority ON {s}.job"
+    " FOR EACH ROW WHEN (((new.state = 'pending'::{s}.job_state) AND (new.waiting_on = 0)"
+    " AND (new.tenant IS NULL) AND (new.start_at <= new.created_at)"
+    " AND ((old.waiting_on > 0) OR (old.priority <> new.priority))))"
+    " EXECUTE FUNCTION {s}.job_floor_requeue()"
+)
+FUNCTIONS |= {
+    "claim_floor_key",
+    "job_floor_requeue",
+    "claim_floor_first",
+    "claim_floor_refresh",
+    "claim_floor_clear",
+    "claim_pick_floored",
+}
 
 
 def _all_versions() -> list[int]:
@@ -506,6 +537,7 @@ def assert_declared_schema(conn: Conn, s: str) -> None:
         "SELECT tablename FROM pg_tables WHERE schemaname = %s ORDER BY 1", (s,)
     ).fetchall()
     assert [r[0] for r in tables] == [
+        "claim_floor",
         "fair_cursor",
         "job",
         "job_bundle",
@@ -535,6 +567,7 @@ def assert_declared_schema(conn: Conn, s: str) -> None:
     assert _columns(conn, s, "supervisor") == SUPERVISOR_COLUMNS
     assert _columns(conn, s, "fair_cursor") == FAIR_CURSOR_COLUMNS
     assert _columns(conn, s, "tenant_weight") == TENANT_WEIGHT_COLUMNS
+    assert _columns(conn, s, "claim_floor") == CLAIM_FLOOR_COLUMNS
 
     labels = conn.execute(
         "SELECT e.enumlabel FROM pg_enum e JOIN pg_type t ON t.oid = e.enumtypid"

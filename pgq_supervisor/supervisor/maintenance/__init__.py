@@ -23,6 +23,9 @@ they share.
                                                      while pgq_job_cancel was missed (cancels.py)
     aging          half the shortest aging step      Ager: raise the priority of pending jobs
                    ± 20 %                            that waited (only with aging types)
+    claim-floor    1 s ± 20 %                        ClaimFloors: while a snapshot holds vacuum's
+                                                     horizon back, claims start past the entries
+                                                     of the jobs claimed since (schema/0022)
 
 Time is the supervisor's injected clock. A run that fails with DatabaseError is logged and its
 timer tries again at its next time: no service keeps another from running. The database
@@ -47,6 +50,8 @@ from pgq_supervisor.periodic import Schedule
 from pgq_supervisor.settings import Settings
 from pgq_supervisor.supervisor.maintenance.activity import ActivitySummary
 from pgq_supervisor.supervisor.maintenance.aging import Ager
+from pgq_supervisor.supervisor.maintenance.floors import LOOK_EVERY as FLOOR_EVERY
+from pgq_supervisor.supervisor.maintenance.floors import ClaimFloors
 from pgq_supervisor.supervisor.maintenance.rescuer import LOOK_EVERY, Rescuer
 from pgq_supervisor.supervisor.maintenance.retention import PRUNE_EVERY, Pruner
 from pgq_supervisor.supervisor.maintenance.scheduler import Scheduler
@@ -312,6 +317,13 @@ def maintenance_timers(
         Timer("rescue", rescue, settings.rescue_every),
         *([Timer("orphans", rescue_orphans(me), LOOK_EVERY)] if me is not None else []),
     ]
+    if types:
+        floors = ClaimFloors(settings.db_schema, types)
+
+        def floor(now: float) -> None:
+            control.run(lambda conn: floors.run_once(conn, now))
+
+        timers.append(Timer("claim-floor", floor, FLOOR_EVERY))
     if services.queue_metrics is not None:
         timers.append(Timer("queue-metrics", refresh(services.queue_metrics), poll))
     if services.vacuum is not None:
