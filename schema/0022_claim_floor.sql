@@ -169,6 +169,9 @@ LANGUAGE sql SET search_path FROM CURRENT AS $$
 $$;
 
 -- claim_pick_rows as in schema/0021, and the floored walk when every claimed type has a floor.
+-- Its statements' plans are generic from the first call (plan_cache_mode): PL/pgSQL would plan
+-- the first five with the call's values and then compare, 250-560 us per claim; a generic plan
+-- is the same walk (the SET clauses leave the ordered index scan the only cheap one), 55-140 us.
 CREATE OR REPLACE FUNCTION claim_pick_rows(p_types text[], p_limit integer)
 RETURNS uuid[]
 LANGUAGE plpgsql
@@ -177,6 +180,7 @@ SET enable_sort = off
 SET enable_bitmapscan = off
 SET enable_seqscan = off
 SET jit = off
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     v_due   uuid[];
@@ -243,6 +247,7 @@ SET enable_sort = off
 SET enable_bitmapscan = off
 SET enable_seqscan = off
 SET jit = off
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     v_upto   timestamptz;

@@ -610,6 +610,7 @@ CREATE OR REPLACE FUNCTION claim_pick_floored(p_types text[], p_limit integer)
  SET enable_bitmapscan TO 'off'
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET plan_cache_mode TO 'force_generic_plan'
 AS $function$
 DECLARE
     v_upto   timestamptz;
@@ -942,6 +943,7 @@ CREATE OR REPLACE FUNCTION claim_pick_rows(p_types text[], p_limit integer)
  SET enable_bitmapscan TO 'off'
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET plan_cache_mode TO 'force_generic_plan'
 AS $function$
 DECLARE
     v_due   uuid[];
