@@ -17,6 +17,9 @@ transaction every 100 ms: the walk a child's claim makes), the wake p99 (a job's
 creation, both by the database clock, over every job), and the job table with its indexes and
 TOAST after the run (the held transaction still open). The ratios held / clean are the issue's
 targets: claim and wake p99 <= 2x, table + indexes <= 2x, throughput held.
+
+The server must run autovacuum (PostgreSQL's default): without it the clean run keeps every row
+version as well, and the comparison says nothing. The group refuses a server that has it off.
 """
 
 from __future__ import annotations
@@ -126,6 +129,13 @@ def run_weather(
 ) -> Weather:
     if variant not in VARIANTS:
         raise BenchError(f"unknown horizon variant {variant!r}")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SHOW autovacuum").fetchone()
+    if row is None or row[0] != "on":
+        raise BenchError(
+            "autovacuum is off on this server: the clean run would keep every row version too;"
+            " give --dsn of a server with autovacuum on"
+        )
     reset(dsn)
     settle(dsn, ["pgq.job"])
     stop = threading.Event()
