@@ -5,6 +5,8 @@ are gone."""
 
 from __future__ import annotations
 
+import itertools
+
 import psycopg
 
 import pgq_supervisor as pgq
@@ -46,7 +48,7 @@ def test_a_held_snapshot_brings_floors_and_every_job_still_runs(
     wait_for("the floors dropped", lambda: not _floors(db), timeout=30)
     assert "claims walk from the start again" in sup.log()
     jobs = [pgq.get_job(db, j) for j in chain]
-    for before, after in zip(jobs, jobs[1:], strict=False):
+    for before, after in itertools.pairwise(jobs):
         assert before.stopped_at is not None and after.started_at is not None
         assert before.stopped_at <= after.started_at
     assert sup.stop() == 0
