@@ -26,8 +26,9 @@
 --   walk starts over from the beginning of the index (`p_full`);
 -- - a job that becomes ready again keeps its created_at: released, retried, snoozed, reset and
 --   debounced jobs get start_at = now() and are claimed from job_delayed_idx (no floor there);
---   a job whose last dependency or ordered-key predecessor ends, or whose priority aging
---   raises, is moved there too, by job_floor_requeue below, while its type has a floor.
+--   a job whose last dependency or ordered-key predecessor ends, whose priority changes
+--   (aging, a debounce) or whose start_at a debounce moves back, is moved there too, by
+--   job_floor_requeue below, while its type has a floor.
 -- Floors are dropped when the horizon moves on (claim_floor_clear). A floor left behind by a
 -- supervisor that died stays a lower bound: claims read more, never miss a job.
 CREATE TABLE claim_floor (
@@ -60,12 +61,14 @@ BEGIN
 END $$;
 
 -- A job that becomes ready in claim order with an old created_at (its last dependency ended,
--- its ordered key's predecessor ended, aging raised its priority).
-CREATE TRIGGER job_floor_requeue BEFORE UPDATE OF waiting_on, priority ON job
+-- its ordered key's predecessor ended, aging or a debounce changed its priority, a debounce
+-- moved its start_at back before its creation).
+CREATE TRIGGER job_floor_requeue BEFORE UPDATE OF waiting_on, priority, start_at ON job
 FOR EACH ROW
 WHEN (NEW.state = 'pending' AND NEW.waiting_on = 0 AND NEW.tenant IS NULL
       AND NEW.start_at <= NEW.created_at
-      AND (OLD.waiting_on > 0 OR OLD.priority <> NEW.priority))
+      AND (OLD.waiting_on > 0 OR OLD.priority <> NEW.priority
+           OR OLD.start_at > OLD.created_at))
 EXECUTE FUNCTION job_floor_requeue();
 
 -- The first ready job of `p_type` in claim order at or past (priority in [p_lo, p_hi],

@@ -289,7 +289,7 @@ CREATE TRIGGER job_bundle_count_update AFTER UPDATE OF state ON job FOR EACH ROW
 
 CREATE TRIGGER job_dependency_deleted BEFORE DELETE ON job FOR EACH ROW WHEN (old.has_dependents) EXECUTE FUNCTION job_dependency_deleted();
 
-CREATE TRIGGER job_floor_requeue BEFORE UPDATE OF waiting_on, priority ON job FOR EACH ROW WHEN (new.state = 'pending'::job_state AND new.waiting_on = 0 AND new.tenant IS NULL AND new.start_at <= new.created_at AND (old.waiting_on > 0 OR old.priority <> new.priority)) EXECUTE FUNCTION job_floor_requeue();
+CREATE TRIGGER job_floor_requeue BEFORE UPDATE OF waiting_on, priority, start_at ON job FOR EACH ROW WHEN (new.state = 'pending'::job_state AND new.waiting_on = 0 AND new.tenant IS NULL AND new.start_at <= new.created_at AND (old.waiting_on > 0 OR old.priority <> new.priority OR old.start_at > old.created_at)) EXECUTE FUNCTION job_floor_requeue();
 
 CREATE TRIGGER job_notify_inserted AFTER INSERT ON job REFERENCING NEW TABLE AS new_jobs FOR EACH STATEMENT EXECUTE FUNCTION job_notify_inserted();
 

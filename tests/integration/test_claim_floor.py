@@ -6,6 +6,7 @@ Reads are counted as heap pages visited (pg_stat_get_xact_blocks_fetched), never
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import timedelta
 
 import psycopg
 import pytest
@@ -130,6 +131,18 @@ def test_a_job_raised_by_aging_is_claimed_past_the_floor(
     assert db.age_priorities(conn, SCHEMA, "a", every=60, max_priority=5, limit=10) == 1
     # `old` is at level 1 now, created before that level's floor: claimed all the same, first
     assert [j.id for j in claim(conn, ["a"], limit=10)] == [old, newer]
+
+
+def test_a_debounce_that_moves_a_job_start_back_is_claimed_past_the_floor(
+    conn: Conn, held: psycopg.Connection[tuple[object, ...]]
+) -> None:
+    now = db.db_now(conn, SCHEMA)
+    later = pgq.enqueue(conn, "a", {}, unique_key="k", start_at=now + timedelta(hours=1))
+    _dead_prefix(conn, "a")
+    _floors(conn, ["a"])
+    again = pgq.enqueue(conn, "a", {"v": 2}, unique_key="k", replace=True, start_at=now)
+    assert again == later  # the pending holder took the new start_at: before its creation
+    assert [j.id for j in claim(conn, ["a"], limit=10)] == [later]
 
 
 def test_types_without_a_floor_are_walked_from_the_start(

@@ -502,10 +502,11 @@ TRIGGERS |= {
 }
 FUNCTIONS |= {"workflow_signal", "workflow_child_ended", "workflow_suspend"}
 TRIGGERS["job_floor_requeue"] = (
-    "CREATE TRIGGER job_floor_requeue BEFORE UPDATE OF waiting_on, priority ON {s}.job"
+    "CREATE TRIGGER job_floor_requeue BEFORE UPDATE OF waiting_on, priority, start_at ON {s}.job"
     " FOR EACH ROW WHEN (((new.state = 'pending'::{s}.job_state) AND (new.waiting_on = 0)"
     " AND (new.tenant IS NULL) AND (new.start_at <= new.created_at)"
-    " AND ((old.waiting_on > 0) OR (old.priority <> new.priority))))"
+    " AND ((old.waiting_on > 0) OR (old.priority <> new.priority)"
+    " OR (old.start_at > old.created_at))))"
     " EXECUTE FUNCTION {s}.job_floor_requeue()"
 )
 FUNCTIONS |= {
