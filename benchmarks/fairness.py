@@ -66,8 +66,8 @@ class FairDrain:
 def reset(dsn: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(
-            "TRUNCATE pgq.job, pgq.job_bundle, pgq.job_dependency, pgq.fair_cursor,"
-            " pgq.tenant_weight"
+            "TRUNCATE pgq.job, pgq.job_bundle, pgq.job_dependency, pgq.workflow_step,"
+            " pgq.workflow_signal, pgq.fair_cursor, pgq.tenant_weight"
         )
 
 
