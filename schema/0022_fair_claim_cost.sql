@@ -6,7 +6,11 @@
 -- oldest: claims take them first) before it found none: a second walk of them per claim,
 -- beside the one the tenant's own take makes (as the plain claim's on job_claim_idx). Now one
 -- backward descent from the stripe's tenant first tells whether any tenant sorts before it;
--- the order of the turns is unchanged.
+-- the order of the turns is unchanged. And its statements keep one generic plan each
+-- (plan_cache_mode): the plans are pinned by the enable_* settings anyway, and planning them
+-- again with each call's values (custom plans) cost about a fifth of the pick (a pick of 50
+-- from one tenant's backlog, 75,000 jobs into its drain: 0.62 to 0.67 ms at best, against
+-- 0.83 to 0.90 ms with custom plans, on a busy 2-core machine).
 
 CREATE OR REPLACE FUNCTION claim_pick_fair(p_type text, p_limit integer) RETURNS uuid[]
 LANGUAGE plpgsql VOLATILE
@@ -15,6 +19,7 @@ SET enable_sort = off
 SET enable_bitmapscan = off
 SET enable_seqscan = off
 SET jit = off
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     v_quantum integer := greatest(1, p_limit / 20);

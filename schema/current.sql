@@ -330,6 +330,7 @@ CREATE OR REPLACE FUNCTION claim_pick_fair(p_type text, p_limit integer)
  SET enable_bitmapscan TO 'off'
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET plan_cache_mode TO 'force_generic_plan'
 AS $function$
 DECLARE
     v_quantum integer := greatest(1, p_limit / 20);
