@@ -277,6 +277,7 @@ class Bench:
                 "fairness.p99",
                 Ratio("with A's backlog / empty", ("fairness.p99",), "fairness.empty_p99",
                       Target("<=", 2.0)),
+                "fairness.claims_passing",
                 "fairness.unfair_drain",
                 "fairness.drain",
                 Ratio("fair / unfair", ("fairness.drain",), "fairness.unfair_drain",
@@ -575,6 +576,12 @@ class Bench:
             "fairness.p99", f"{stream}, tenant A with {n} pending: wake-to-start p99", "ms"
         )
         fair = self.results.measure("fairness.drain", f"the type's drain of A's {n}", "jobs/s")
+        passed = self.results.measure(
+            "fairness.claims_passing",
+            "claims of A's jobs that passed a small tenant's job (begun after its enqueue"
+            " committed, before its claim), p99",
+            "claims",
+        )
         unfair = self.results.measure(
             "fairness.unfair_drain", f"the same {n} without a tenant (plain claim)", "jobs/s"
         )
@@ -589,7 +596,11 @@ class Bench:
             f = fairness.run_fair(self.dsn, args)
             loaded.add(f.stream.p99, f.details())
             fair.add(f.rate, f.details())
-            return f"p99 {f.stream.p99:.1f} ms, A drained at {f.rate:,.0f} jobs/s"
+            passed.add(f.passed_by_p99, f.details())
+            return (
+                f"p99 {f.stream.p99:.1f} ms, {f.passed_by_p99:g} claims passing it,"
+                f" A drained at {f.rate:,.0f} jobs/s"
+            )
 
         def run_unfair() -> str:
             rate = fairness.run_unfair(self.dsn, args)
@@ -598,7 +609,7 @@ class Bench:
 
         steps = [
             Step(f"{tag}: empty queue", run_empty, (empty,)),
-            Step(f"{tag}: A's backlog, B..K streaming", run_fair, (loaded, fair)),
+            Step(f"{tag}: A's backlog, B..K streaming", run_fair, (loaded, fair, passed)),
             Step(f"{tag}: the backlog without tenants", run_unfair, (unfair,)),
         ]
         for tenants in fairness.CLAIM_TENANTS:

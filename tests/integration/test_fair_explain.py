@@ -1,4 +1,4 @@
-"""Query plans of the fair claim (schema/0021): finding the next tenant and taking a tenant's
+"""Query plans of the fair claim (schema/0021, 0023): finding the next tenant and taking a tenant's
 jobs are each one descent of job_tenant_idx, never a sort or a scan of the backlog, with many
 tenants and a big table of finished jobs behind them; the claim of jobs without a tenant still
 walks job_claim_idx."""
@@ -40,9 +40,11 @@ def _fair_plans(conn: Conn, analyze: bool) -> dict[str, list[Plan]]:
     ).fetchone()
     assert row is not None
     src, config = row
-    # every search of the next tenant (after the cursor, before it, from the first)
+    # every search of the next tenant (after the cursor, before it, from the first), and
+    # whether any sorts before the cursor (0023: backward from it)
     nexts = re.findall(r"\((SELECT j\.tenant FROM job j.*?LIMIT 1)\)", src, re.DOTALL)
-    assert len(nexts) == 4, src
+    assert len(nexts) == 5, src
+    assert "ORDER BY j.tenant DESC" in nexts[2], nexts
     [take] = [
         q
         for q in re.findall(r"ARRAY\((SELECT j\.id FROM job j.*?SKIP LOCKED)\)", src, re.DOTALL)
@@ -90,6 +92,10 @@ def test_the_fair_walk_descends_job_tenant_idx(conn: Conn) -> None:
     # the next tenant is found on the first live entry after the cursor: a row or two read
     scan = _job_scans(plans["next1"])[0]
     assert scan["Actual Rows"] == 1, scan
+    # whether a tenant sorts before the cursor: backward from it, onto the newest entries of
+    # the tenant before (0023), not forward from the type's first across its claimed jobs
+    scan = _job_scans(plans["next2"])[0]
+    assert scan["Scan Direction"] == "Backward" and scan["Actual Rows"] == 1, scan
     # the jobs without a tenant are still walked on job_claim_idx
     _assert_ordered_walk(_pick_plan(conn, ["t"], 10))
 

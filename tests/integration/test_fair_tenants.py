@@ -1,4 +1,4 @@
-"""Fair claims across tenants (schema/0021): the claims of a type with tenant jobs go
+"""Fair claims across tenants (schema/0021, 0023): the claims of a type with tenant jobs go
 round-robin across its tenants, optionally weighted, so a big tenant's backlog does not delay a
 small tenant's job; jobs without a tenant are claimed as before."""
 
@@ -35,6 +35,17 @@ def test_claims_of_one_job_go_round_robin(conn: Conn) -> None:
     order = [t for _ in range(9) for t in _tenants(conn, 1)]
     assert order[:3] == order[3:6] == order[6:9]
     assert sorted(order[:3], key=str) == ["a", "b", "c"]
+
+
+def test_the_turns_wrap_to_a_tenant_that_sorts_before_the_cursor(conn: Conn) -> None:
+    # schema/0023: whether a tenant sorts before the cursor's is one backward descent
+    _backlog(conn, "m", 20)
+    assert _tenants(conn, 1) == ["m"]  # the cursor at m, the first and only tenant
+    assert _tenants(conn, 2) == ["m", "m"]  # nothing before it, nothing after: all m's
+    _backlog(conn, "b", 2)  # before the cursor
+    assert sorted(_tenants(conn, 2), key=str) == ["b", "m"]
+    _backlog(conn, "x", 1)  # after it: its turn comes first, then the wrap to b, then m
+    assert sorted(_tenants(conn, 3), key=str) == ["b", "m", "x"]
 
 
 def test_weights_share_a_claim(conn: Conn) -> None:
