@@ -20,24 +20,25 @@
 -- it in claim order. A job can appear before it in only these ways, each handled:
 -- - it was inserted by a transaction open during the walk, committed later: its created_at is
 --   at least its transaction's start, and the walk lowers the floor to the oldest start of the
---   transactions writing at the time (pg_stat_activity; one whose start this role cannot see is
---   covered by the next point);
--- - anything else (rows written by hand, a session the role cannot see): every minute the
---   walk starts over from the beginning of the index (`p_full`);
+--   transactions writing at the time (pg_stat_activity);
+-- - that cannot be known of a session whose details this role may not read (another role's,
+--   without pg_read_all_stats), nor of a prepared transaction (its rows commit at COMMIT
+--   PREPARED with the created_at they had, and nothing says when it began): while one of these
+--   is in the database, the walk drops the types' floors instead (claim_floor_refresh: -1);
 -- - a job that becomes ready again keeps its created_at: released, retried, snoozed, reset and
 --   debounced jobs get start_at = now() and are claimed from job_delayed_idx (no floor there);
 --   a job whose last dependency or ordered-key predecessor ends, whose priority changes
 --   (aging, a debounce) or whose start_at a debounce moves back, is moved there too, by
 --   job_floor_requeue below, while its type has a floor.
--- Floors are dropped when the horizon moves on (claim_floor_clear). A floor left behind by a
--- supervisor that died stays a lower bound: claims read more, never miss a job.
+-- A row written by hand with an old created_at is not; it is claimed once the floors are
+-- dropped. Floors are dropped when the horizon moves on (claim_floor_clear). A floor left
+-- behind by a supervisor that died stays a lower bound: claims read more, never miss a job.
 CREATE TABLE claim_floor (
     type      text PRIMARY KEY CHECK (char_length(type) BETWEEN 1 AND 100),
     levels    integer[] NOT NULL DEFAULT '{}',      -- priority levels with a ready job, highest first
     ats       timestamptz[] NOT NULL DEFAULT '{}',  -- each level's floor
     upto      timestamptz NOT NULL DEFAULT '-infinity',  -- the floor of every other level
     walked_at timestamptz NOT NULL DEFAULT '-infinity',
-    full_at   timestamptz NOT NULL DEFAULT '-infinity',
     CHECK (cardinality(levels) = cardinality(ats))
 );
 
@@ -90,9 +91,11 @@ AS $$
     LIMIT 1
 $$;
 
--- Walk each type's claim order and record its floor (see the top). A type walked by another
--- supervisor in the last half second is left alone; one that had no floor gets an empty one
--- (no level skipped) and its first walk at the next call, after its releasers have committed.
+-- Walk each type's claim order and record its floor (see the top); `p_full`: from the start of
+-- the index, not from the old floor. A type walked by another supervisor in the last half
+-- second is left alone; one that had no floor gets an empty one (no level skipped) and its
+-- first walk at the next call, after its releasers have committed. Returns the types walked,
+-- or -1 when a writer may be unseen (see the top): the types' floors are dropped then.
 CREATE FUNCTION claim_floor_refresh(p_types text[], p_full boolean) RETURNS integer
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
@@ -109,6 +112,13 @@ DECLARE
     r        record;
     v_walked integer := 0;
 BEGIN
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_stat_activity a
+               WHERE a.datname = current_database() AND a.query = '<insufficient privilege>')
+       OR EXISTS (SELECT 1 FROM pg_catalog.pg_prepared_xacts p
+                  WHERE p.database = current_database()) THEN
+        DELETE FROM claim_floor f WHERE f.type = ANY(p_types);
+        RETURN -1;
+    END IF;
     -- The oldest start of the transactions writing now: what they insert is at or past it.
     -- Read once: pg_stat_activity is read once per transaction, and a writer that starts after
     -- that read inserts after this clock_timestamp().
@@ -156,8 +166,7 @@ BEGIN
             v_hi := v_old.levels[i]::bigint - 1;
         END LOOP;
         UPDATE claim_floor f
-        SET levels = v_levels, ats = v_ats, upto = v_upto, walked_at = clock_timestamp(),
-            full_at = CASE WHEN p_full THEN clock_timestamp() ELSE f.full_at END
+        SET levels = v_levels, ats = v_ats, upto = v_upto, walked_at = clock_timestamp()
         WHERE f.type = v_type;
         v_walked := v_walked + 1;
     END LOOP;

@@ -5,11 +5,14 @@ Reads are counted as heap pages visited (pg_stat_get_xact_blocks_fetched), never
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 
 import psycopg
 import pytest
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
 import pgq_supervisor as pgq
 from pgq_supervisor import db
@@ -164,17 +167,38 @@ def test_the_service_keeps_floors_while_a_snapshot_is_held_and_drops_them_after(
         holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
         holder.execute("SELECT 1").fetchone()
         if db.horizon_held(conn, SCHEMA) < 0.5:
-            assert floors.run_once(conn, 0.0).walked == 0  # not held long enough yet
+            assert floors.run_once(conn).walked == 0  # not held long enough yet
             assert _floor_types(conn) == []
         while db.horizon_held(conn, SCHEMA) < 0.5:  # the service acts on the snapshot's age
             conn.execute("SELECT pg_sleep(0.05)")
-        floors.run_once(conn, 1.0)  # the empty floors
+        floors.run_once(conn)  # the empty floors
         assert _floor_types(conn) == ["a", "b"]
-        assert floors.run_once(conn, 2.0).walked == 2
+        assert floors.run_once(conn).walked == 2
         holder.rollback()
-    assert floors.run_once(conn, 3.0).walked == 0
+    assert floors.run_once(conn).walked == 0
     assert _floor_types(conn) == []
 
 
 def _floor_types(conn: Conn) -> list[str]:
     return [str(r[0]) for r in conn.execute("SELECT type FROM pgq.claim_floor ORDER BY type")]
+
+
+def test_no_floor_while_a_writer_may_be_unseen(conn: Conn, dsn: str) -> None:
+    """A session whose transaction start the walking role may not read (another role's): its
+    jobs could be committed behind a floor, so the types get none."""
+    role = f"pgq_floor_{uuid.uuid4().hex[:8]}"
+    conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+    try:
+        for grant in (
+            "GRANT USAGE ON SCHEMA pgq TO {}",
+            "GRANT ALL ON ALL TABLES IN SCHEMA pgq TO {}",
+        ):
+            conn.execute(sql.SQL(grant).format(sql.Identifier(role)))
+        with psycopg.connect(make_conninfo(dsn, user=role), autocommit=True) as walker:
+            assert db.refresh_floors(walker, SCHEMA, ["a"], full=False) == -1  # conn: unseen
+            assert _floor_types(conn) == []
+        assert db.refresh_floors(conn, SCHEMA, ["a"], full=False) == 0  # all seen: made
+        assert _floor_types(conn) == ["a"]
+    finally:
+        conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+        conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))

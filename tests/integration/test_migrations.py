@@ -128,7 +128,6 @@ CLAIM_FLOOR_COLUMNS = {
     "ats": ("ARRAY", False),
     "upto": ("timestamp with time zone", False),
     "walked_at": ("timestamp with time zone", False),
-    "full_at": ("timestamp with time zone", False),
 }
 TENANT_WEIGHT_COLUMNS = {
     "type": ("text", False),

@@ -321,7 +321,7 @@ def maintenance_timers(
         floors = ClaimFloors(settings.db_schema, types)
 
         def floor(now: float) -> None:
-            control.run(lambda conn: floors.run_once(conn, now))
+            control.run(floors.run_once)
 
         timers.append(Timer("claim-floor", floor, FLOOR_EVERY))
     if services.queue_metrics is not None:
