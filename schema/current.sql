@@ -394,6 +394,17 @@ BEGIN
         END IF;
         v_levels := '{}';
         v_ats := '{}';
+        -- A level once listed stays listed (at the walk's upto while it has no ready job), and
+        -- the default priority is always: the scan of a listed level starts at its floor,
+        -- while that of a range of unlisted levels reads every entry of the range's levels
+        -- (created_at is not the leading column there), a level emptied by claims included.
+        IF NOT 0 = ANY(v_old.levels) THEN
+            SELECT coalesce(array_agg(x.l ORDER BY x.l DESC), '{}'),
+                   coalesce(array_agg(x.a ORDER BY x.l DESC), '{}')
+            INTO v_old.levels, v_old.ats
+            FROM (SELECT u.l, u.a FROM unnest(v_old.levels, v_old.ats) AS u(l, a)
+                  UNION ALL SELECT 0, v_old.upto) x(l, a);
+        END IF;
         v_hi := 2147483647;
         v_n := cardinality(v_old.levels);
         -- the old floor's parts in claim order: the unlisted range above each listed level
@@ -412,10 +423,8 @@ BEGIN
             v_from := v_old.ats[i];
             SELECT * INTO r FROM claim_floor_first(v_type, v_old.levels[i], v_old.levels[i],
                                                   v_from);
-            IF FOUND THEN
-                v_levels := v_levels || r.priority;
-                v_ats := v_ats || least(r.created_at, v_upto);
-            END IF;
+            v_levels := v_levels || v_old.levels[i];
+            v_ats := v_ats || CASE WHEN FOUND THEN least(r.created_at, v_upto) ELSE v_upto END;
             v_hi := v_old.levels[i]::bigint - 1;
         END LOOP;
         UPDATE claim_floor f

@@ -98,6 +98,30 @@ def test_the_walk_records_each_level_and_the_claim_keeps_claim_order(
     assert [j.id for j in claim(conn, ["a"], limit=10)] == [*high, mid, *low]
 
 
+def test_a_walk_reads_a_few_index_pages_when_the_queue_is_empty(
+    conn: Conn, held: psycopg.Connection[tuple[object, ...]]
+) -> None:
+    """The default level is always listed, so the walk of a type with nothing ready (another
+    type's claimed jobs in the index, or its own) starts at its floor instead of reading every
+    entry of the level."""
+    _dead_prefix(conn, "a")
+    _floors(conn, ["a", "b"])
+    conn.execute("UPDATE pgq.claim_floor SET walked_at = '-infinity'")  # due again
+    with conn.transaction(force_rollback=True):
+        before = _index_blocks(conn)
+        assert db.refresh_floors(conn, SCHEMA, ["a", "b"], full=False) == 2
+        read = _index_blocks(conn) - before
+    assert read <= 40, read  # 124 when the default level is not kept (a range over it)
+
+
+def _index_blocks(conn: Conn) -> int:
+    row = conn.execute(
+        "SELECT pg_stat_get_xact_blocks_fetched('pgq.job_claim_idx'::regclass)"
+    ).fetchone()
+    assert row is not None
+    return int(str(row[0]))
+
+
 def test_a_job_committed_after_the_walk_by_a_transaction_open_before_it_is_claimed(
     conn: Conn, dsn: str, held: psycopg.Connection[tuple[object, ...]]
 ) -> None:
