@@ -152,9 +152,9 @@ def test_a_poison_job_fails_alone_and_its_neighbours_succeed(
     sup = _start(sups, dsn, "--procs", "2", "--concurrency", "50", *FAST)
     sup.wait_ready(2)
     total = 100
-    jobs = [pgq.NewJob("asleep", {"seconds": 0.2}) for _ in range(total // 2)]
+    jobs = [pgq.NewJob("asleep", {"seconds": 0.1}) for _ in range(total // 2)]
     jobs.append(pgq.NewJob("apoison", {}))
-    jobs += [pgq.NewJob("asleep", {"seconds": 0.2}) for _ in range(total // 2)]
+    jobs += [pgq.NewJob("asleep", {"seconds": 0.1}) for _ in range(total // 2)]
     pgq.enqueue_many(db, jobs)
     counts = wait_for("all jobs finished", lambda: _all_finished(db, total + 1), timeout=90)
     assert counts == {"succeeded": total, "failed": 1}

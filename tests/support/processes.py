@@ -105,9 +105,11 @@ class Supervisor:
 
         def check() -> list[int] | None:
             assert self.proc.poll() is None, f"supervisor exited early:\n{self.log()}"
+            # the log first: `ps` costs a process each poll, on the cores the start-up needs
+            if len(re.findall(r"child \d+ ready", self.log())) < n:
+                return None
             pids = self.children()
-            ready = len(re.findall(r"child \d+ ready", self.log()))
-            return pids if ready >= n and len(pids) == n else None
+            return pids if len(pids) == n else None
 
         return wait_for(f"{n} ready children of supervisor {self.pid}", check, timeout=timeout)
 
