@@ -20,7 +20,7 @@
 -- it in claim order. A job can appear before it in only these ways, each handled:
 -- - it was inserted by a transaction open during the walk, committed later: its created_at is
 --   at least its transaction's start, and the walk lowers the floor to the oldest start of the
---   transactions writing at the time (pg_stat_activity);
+--   transactions writing, or running a statement, at the time (pg_stat_activity);
 -- - that cannot be known of a session whose details this role may not read (another role's,
 --   without pg_read_all_stats), nor of a prepared transaction (its rows commit at COMMIT
 --   PREPARED with the created_at they had, and nothing says when it began): while one of these
@@ -119,13 +119,16 @@ BEGIN
         DELETE FROM claim_floor f WHERE f.type = ANY(p_types);
         RETURN -1;
     END IF;
-    -- The oldest start of the transactions writing now: what they insert is at or past it.
-    -- Read once: pg_stat_activity is read once per transaction, and a writer that starts after
-    -- that read inserts after this clock_timestamp().
+    -- The oldest start of the transactions writing now, or running a statement (one may be
+    -- writing without an xid yet: COPY evaluates a row's created_at when it reads the row and
+    -- inserts its buffered rows at the end): what they insert is at or past it. Read once:
+    -- pg_stat_activity is read once per transaction, and a writer that starts after that read
+    -- inserts after this clock_timestamp().
     v_upto := least(clock_timestamp(),
                     (SELECT min(a.xact_start) FROM pg_catalog.pg_stat_activity a
-                     WHERE a.backend_xid IS NOT NULL AND a.pid <> pg_backend_pid()
-                       AND a.datname = current_database()));
+                     WHERE (a.backend_xid IS NOT NULL
+                            OR a.state IN ('active', 'fastpath function call'))
+                       AND a.pid <> pg_backend_pid() AND a.datname = current_database()));
     FOREACH v_type IN ARRAY p_types LOOP
         SELECT * INTO v_old FROM claim_floor f WHERE f.type = v_type FOR UPDATE SKIP LOCKED;
         IF NOT FOUND THEN
