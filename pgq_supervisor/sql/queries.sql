@@ -117,13 +117,9 @@ RETURNING id, type, origin, num_jobs, num_jobs_stopped, on_complete, created_at,
 -- pinned and merging in the delayed jobs come due from job_delayed_idx. The update then finds
 -- them by primary key (a join to a CTE here made the planner hash-join a sequential scan of the
 -- whole table). A job enqueued without max_retry_count gets its handler's default here.
--- started_at is the clock at the update, not the statement's start: claim_pick picks under
--- later snapshots, and a job made ready by a commit during the statement (its ordered key's or
--- dependency's end) would otherwise start before what it waited for stopped.
 WITH claimed AS (
     UPDATE {schema}.job j
-    SET state = 'running', started_at = clock_timestamp(), worker_alive_at = now(),
-        worker_id = %(worker_id)s,
+    SET state = 'running', started_at = now(), worker_alive_at = now(), worker_id = %(worker_id)s,
         lease = %(lease)s, updated_at = now(),
         max_retry_count = coalesce(
             j.max_retry_count,
@@ -299,8 +295,7 @@ sent AS (
 ),
 claimed AS (
     UPDATE {schema}.job j
-    SET state = 'running', started_at = clock_timestamp(), worker_alive_at = now(),
-        worker_id = %(worker_id)s,
+    SET state = 'running', started_at = now(), worker_alive_at = now(), worker_id = %(worker_id)s,
         lease = %(lease)s, updated_at = now(),
         max_retry_count = coalesce(
             j.max_retry_count,
