@@ -184,7 +184,9 @@ class Settings(BaseSettings):
     def rescue_every(self) -> float:
         """Seconds between rescue rounds. Unset, it follows dead_after: a job whose worker
         died is back within dead_after and a quarter more (plus jitter), and the default
-        dead_after of 30 s gives 7.5 s; 10 s at most, since one round is a cheap index scan."""
+        dead_after of 30 s gives 7.5 s; 10 s at most, since one round is a cheap index scan
+        (a round that takes longer than 0.5 % of this puts the next further off: the timer's
+        max_share)."""
         if self.rescue_interval is not None:
             return self.rescue_interval
         return min(10.0, self.dead_after / 4)

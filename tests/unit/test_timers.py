@@ -165,3 +165,49 @@ def test_queue_metrics_run_only_when_metrics_are_served(port: int | None, expect
     )  # fmt: skip
     assert ("queue-metrics" in timers.by_name) is expected
     assert {"poll", "due-jobs", "rescue"} <= set(timers.by_name)
+
+
+def test_a_slow_run_of_a_capped_timer_puts_its_next_run_further_off() -> None:
+    clock = FakeClock()
+    took = [0.001]
+
+    def rescue(now: float) -> None:
+        clock.now += took[0]  # the statement's time, spent on the loop
+
+    timer = Timer("rescue", rescue, 10.0, jitter=0.0, next_at=clock.now, max_share=0.005)
+    timers = Timers([timer], random.Random(1), clock)
+    start = clock.now
+    timers.run_due(start)
+    assert timer.next_at == pytest.approx(start + 10.0)  # 1 ms: within its share
+    took[0] = 0.2
+    clock.now = start + 10.0
+    timers.run_due(clock.now)
+    assert timer.next_at == pytest.approx(start + 10.0 + 0.2 / 0.005)  # 40 s off, not 10
+    took[0] = 0.001
+    clock.now = timer.next_at
+    timers.run_due(clock.now)
+    assert timer.next_at == pytest.approx(start + 60.0)  # fast again: its interval again
+
+
+def test_an_uncapped_timer_keeps_its_interval_however_long_it_took() -> None:
+    clock = FakeClock()
+
+    def slow(now: float) -> None:
+        clock.now += 5.0
+
+    timer = Timer("prune", slow, 10.0, jitter=0.0, next_at=clock.now)
+    Timers([timer], random.Random(1), clock).run_due(clock.now)
+    assert timer.next_at == pytest.approx(clock.now - 5.0 + 10.0)
+
+
+def test_the_rescues_are_capped_and_the_other_timers_are_not() -> None:
+    clock = FakeClock()
+    settings = load_settings(metrics_port=9999)
+    timers = maintenance_timers(
+        settings, ["t"], Services.from_settings(settings, Metrics(), clock.now),
+        ControlConnection(NO_DATABASE, clock=clock, rng=random.Random(1)), Metrics(),
+        lambda n: None, now=clock.now, rng=random.Random(1), clock=clock, me="pod:1:0000aaaa",
+    )  # fmt: skip
+    capped = {name for name, t in timers.by_name.items() if t.max_share is not None}
+    assert capped == {"rescue", "orphans"}
+    assert len(timers.by_name) > len(capped) + 4
