@@ -200,7 +200,7 @@ def test_an_uncapped_timer_keeps_its_interval_however_long_it_took() -> None:
     assert timer.next_at == pytest.approx(clock.now - 5.0 + 10.0)
 
 
-def test_the_rescues_are_capped_and_the_other_timers_are_not() -> None:
+def test_the_timers_that_read_every_running_job_are_capped_and_the_others_are_not() -> None:
     clock = FakeClock()
     settings = load_settings(metrics_port=9999)
     timers = maintenance_timers(
@@ -209,5 +209,5 @@ def test_the_rescues_are_capped_and_the_other_timers_are_not() -> None:
         lambda n: None, now=clock.now, rng=random.Random(1), clock=clock, me="pod:1:0000aaaa",
     )  # fmt: skip
     capped = {name for name, t in timers.by_name.items() if t.max_share is not None}
-    assert capped == {"rescue", "orphans"}
+    assert capped == {"rescue", "orphans", "queue-metrics"}
     assert len(timers.by_name) > len(capped) + 4

@@ -12,8 +12,8 @@ they share.
                    times its last round's time
     orphans        0.5 s ± 20 %, or 200 times its    Rescuer: reclaim the jobs of supervisors
                    last round's time                 whose session lock was freed (they died)
-    queue-metrics  poll_interval ± 20 %              QueueMetrics: the pgq_jobs_* gauges (only
-                                                     when metrics are served: metrics_port)
+    queue-metrics  poll_interval ± 20 %, or 200      QueueMetrics: the pgq_jobs_* gauges (only
+                   times its last round's time       when metrics are served: metrics_port)
     vacuum-health  30 s                              VacuumHealth: the pgq_vacuum_* gauges (only
                                                      when metrics are served)
     prune          60 s; poll_interval while behind  Pruner: finished jobs past retention
@@ -64,9 +64,10 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 Clock = Callable[[], float]
 JITTER = 0.2  # ± fraction of an interval: supervisors started together drift apart
-# The part of the loop's time the rescues may take (Timer.max_share): while they run no child
-# is woken, so a round that took 0.2 s is followed by the next 40 s later, not 7.5 s.
-RESCUE_SHARE = 0.005
+# The part of the loop's time the timers whose statements read every running (or pending) job
+# may take (Timer.max_share): while they run no child is woken, so a round that took 0.2 s is
+# followed by the next 40 s later, not 7.5 s.
+SCAN_SHARE = 0.005
 RATE_DUE = "rate-due"
 
 
@@ -336,10 +337,10 @@ def maintenance_timers(
         # the rescues read every running job's entry in job_running_idx, and every entry of
         # the jobs that ran since the oldest snapshot a session holds (vacuum may not remove
         # them): beside a snapshot held ten minutes at 1,500 jobs/s, about 0.2 s a round, in
-        # which no child is woken. Capped at RESCUE_SHARE of the loop's time.
-        Timer("rescue", rescue, settings.rescue_every, max_share=RESCUE_SHARE),
+        # which no child is woken. Capped at SCAN_SHARE of the loop's time.
+        Timer("rescue", rescue, settings.rescue_every, max_share=SCAN_SHARE),
         *(
-            [Timer("orphans", rescue_orphans(me), LOOK_EVERY, max_share=RESCUE_SHARE)]
+            [Timer("orphans", rescue_orphans(me), LOOK_EVERY, max_share=SCAN_SHARE)]
             if me is not None
             else []
         ),
@@ -352,7 +353,9 @@ def maintenance_timers(
 
         timers.append(Timer("claim-floor", floor, FLOOR_EVERY))
     if services.queue_metrics is not None:
-        timers.append(Timer("queue-metrics", refresh(services.queue_metrics), poll))
+        # its queries read every pending and running job, as the rescue does
+        queue_metrics = refresh(services.queue_metrics)
+        timers.append(Timer("queue-metrics", queue_metrics, poll, max_share=SCAN_SHARE))
     if services.vacuum is not None:
         timers.append(Timer("vacuum-health", refresh(services.vacuum), EVERY))
     if services.pruner is not None:
