@@ -3,7 +3,9 @@
 browser sends), with a real supervisor running the jobs. One browser session for all the
 checks: every page against known jobs, the counts shown equal the database's, a failed job's
 traceback, pause a type and see none of its jobs start, retry and see the job pending, then
-succeeded without a reload (the live update). Screenshots go to docs/img/.
+succeeded without a reload (the live update). Screenshots go to a temporary directory, or to
+docs/img/ with PGQ_SCREENSHOTS=docs (how the docs' images are refreshed: a test run leaves the
+checkout as it found it).
 
 ./scripts/test leaves this file out, saying so in one line, where no Chromium is found; run
 directly without one it fails (PGQ_CHROMIUM names another executable)."""
@@ -11,6 +13,7 @@ directly without one it fails (PGQ_CHROMIUM names another executable)."""
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -27,6 +30,12 @@ from tests.support.waiting import wait_for
 
 CHROMIUM = os.environ.get("PGQ_CHROMIUM", "/usr/bin/chromium")
 DOCS = ROOT / "docs"
+# where the screenshots go: docs/img/ only when asked for (PGQ_SCREENSHOTS=docs)
+IMG = (
+    DOCS / "img"
+    if os.environ.get("PGQ_SCREENSHOTS") == "docs"
+    else Path(tempfile.gettempdir()) / "pgq-screenshots"
+)
 # the dashboard's actions need credentials: the command's HTTP Basic, which the browser sends
 USER, PASSWORD = "oncall", "s3cret"
 
@@ -92,8 +101,8 @@ def _run(dsn: str, db: Conn, sups: list[Supervisor], page: Page, dash: Dashboard
     expect(page.locator("#hour-failed")).to_have_text("1")
     expect(page.locator("#failure-rate")).to_have_text("14.3 %")
     assert page.locator("svg.chart rect").count() >= 1
-    (DOCS / "img").mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(DOCS / "img" / "dashboard-overview.png"), full_page=True)
+    IMG.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(IMG / "dashboard-overview.png"), full_page=True)
 
     page.click("text=Jobs")
     expect(page.locator("table#jobs tbody tr")).to_have_count(count(dsn))
@@ -106,7 +115,7 @@ def _run(dsn: str, db: Conn, sups: list[Supervisor], page: Page, dash: Dashboard
     expect(page.locator("#job-state")).to_have_text("failed")
     expect(page.locator("#last-traceback")).to_contain_text("RuntimeError: gate closed")
     expect(page.locator("#payload")).to_contain_text('"<b>not bold</b>"')
-    page.screenshot(path=str(DOCS / "img" / "dashboard-job.png"), full_page=True)
+    page.screenshot(path=str(IMG / "dashboard-job.png"), full_page=True)
     job_url = page.url
 
     page.click("text=Bundles")

@@ -4,7 +4,8 @@ windows, bulk actions and the dialog that confirms them (dismissed: nothing chan
 confirmation of a single cancel, short ids that do not wrap and copy the whole id, the type
 filter, the payload search, a bundle's page, schedules' run now and pause, a waiting job, jobs
 claimed but not started on their worker. The rows are written through the library into the
-real database (no supervisor: what is shown is what the rows say). Screenshots go to docs/img/.
+real database (no supervisor: what is shown is what the rows say).
+Screenshots go where test_web_browser's go (docs/img/ with PGQ_SCREENSHOTS=docs).
 
 Like test_web_browser.py, ./scripts/test leaves this file out where no Chromium is found."""
 
@@ -21,12 +22,11 @@ from pgq_supervisor.jobs import AttemptKind, JobId, JsonValue, NewJob
 from pgq_supervisor.periodic import Schedule
 from tests.acceptance.conftest import Conn
 from tests.acceptance.dashboard import Dashboard
-from tests.acceptance.test_web_browser import DOCS, PASSWORD, USER, page
+from tests.acceptance.test_web_browser import IMG, PASSWORD, USER, page
 from tests.support.db import claim
 from tests.support.processes import count
 from tests.support.waiting import wait_for
 
-IMG = DOCS / "img"
 SCHEMA = "pgq"
 __all__ = ["page"]  # the fixture, shared with test_web_browser.py
 
