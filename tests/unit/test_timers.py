@@ -189,6 +189,20 @@ def test_a_slow_run_of_a_capped_timer_puts_its_next_run_further_off() -> None:
     assert timer.next_at == pytest.approx(start + 60.0)  # fast again: its interval again
 
 
+def test_a_capped_timer_is_not_put_off_by_a_run_shorter_than_slow() -> None:
+    """The dead-pod look runs every 0.5 s: a round of 10 ms is 2 % of that, and still harmless
+    (a wake-up waits less than a claim takes); putting the next off would slow the rescue."""
+    clock = FakeClock()
+
+    def look(now: float) -> None:
+        clock.now += 0.01
+
+    timer = Timer("orphans", look, 0.5, jitter=0.0, next_at=clock.now, max_share=0.005)
+    start = clock.now
+    Timers([timer], random.Random(1), clock).run_due(start)
+    assert timer.next_at == pytest.approx(start + 0.5)
+
+
 def test_an_uncapped_timer_keeps_its_interval_however_long_it_took() -> None:
     clock = FakeClock()
 

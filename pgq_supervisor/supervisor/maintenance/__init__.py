@@ -9,11 +9,11 @@ they share.
                    after a child finds nothing       type frees a start (only with rates)      │
     rate-wake      once, when that start frees       wake one child (nothing notifies it) ◀───┘
     rescue         rescue_interval ± 20 %, or 200    Rescuer: reclaim jobs with stale heartbeats
-                   times its last round's time
+                   times its last round's (> 20 ms)
     orphans        0.5 s ± 20 %, or 200 times its    Rescuer: reclaim the jobs of supervisors
-                   last round's time                 whose session lock was freed (they died)
+                   last round's (> 20 ms)            whose session lock was freed (they died)
     queue-metrics  poll_interval ± 20 %, or 200      QueueMetrics: the pgq_jobs_* gauges (only
-                   times its last round's time       when metrics are served: metrics_port)
+                   times its last round's (> 20 ms)  when metrics are served: metrics_port)
     vacuum-health  30 s                              VacuumHealth: the pgq_vacuum_* gauges (only
                                                      when metrics are served)
     prune          60 s; poll_interval while behind  Pruner: finished jobs past retention
@@ -68,6 +68,7 @@ JITTER = 0.2  # ± fraction of an interval: supervisors started together drift a
 # may take (Timer.max_share): while they run no child is woken, so a round that took 0.2 s is
 # followed by the next 40 s later, not 7.5 s.
 SCAN_SHARE = 0.005
+SLOW = 0.02  # a run this short is never capped: it delays a wake-up less than a claim takes
 RATE_DUE = "rate-due"
 
 
@@ -149,8 +150,9 @@ class Timer:
     """Runs `action(now)` at `next_at`, then every `interval` seconds ± `jitter` (a fraction);
     an action may return a sooner time, in seconds. Without an interval it runs once each time
     it is armed. `in_shutdown`: it keeps running while the supervisor drains. `max_share`: the
-    part of the loop's time its runs may take at most; a run that took longer than
-    `max_share` of its interval puts the next one further off (its time / `max_share`)."""
+    part of the loop's time its runs may take at most; a run that took longer than `max_share`
+    of its interval, and longer than SLOW, puts the next one further off (its time /
+    `max_share`)."""
 
     name: str
     action: Callable[[float], float | None]
@@ -210,7 +212,7 @@ class Timers:
             delay = delay if sooner is None else min(delay, sooner)
             if timer.max_share is not None and self.clock is not None:
                 took = self.clock() - now
-                if took > delay * timer.max_share:
+                if took > max(SLOW, delay * timer.max_share):
                     log.debug(
                         "%s took %.3f s: next in %.1f s", timer.name, took, took / timer.max_share
                     )
