@@ -69,6 +69,7 @@ JITTER = 0.2  # ± fraction of an interval: supervisors started together drift a
 # followed by the next 40 s later, not 7.5 s.
 SCAN_SHARE = 0.005
 SLOW = 0.02  # a run this short is never capped: it delays a wake-up less than a claim takes
+RECENT = 3  # a capped timer is put off by the least time of its last RECENT runs
 RATE_DUE = "rate-due"
 
 
@@ -150,9 +151,9 @@ class Timer:
     """Runs `action(now)` at `next_at`, then every `interval` seconds ± `jitter` (a fraction);
     an action may return a sooner time, in seconds. Without an interval it runs once each time
     it is armed. `in_shutdown`: it keeps running while the supervisor drains. `max_share`: the
-    part of the loop's time its runs may take at most; a run that took longer than `max_share`
-    of its interval, and longer than SLOW, puts the next one further off (its time /
-    `max_share`)."""
+    part of the loop's time its runs may take at most: when each of its last RECENT runs took
+    longer than `max_share` of its interval, and longer than SLOW, the next one is put further
+    off (the least of those times / `max_share`)."""
 
     name: str
     action: Callable[[float], float | None]
@@ -161,6 +162,7 @@ class Timer:
     next_at: float = 0.0
     in_shutdown: bool = False
     max_share: float | None = None
+    took: tuple[float, ...] = ()  # its last RECENT runs' times (only with max_share)
 
     def arm(self, at: float) -> None:
         self.next_at = at
@@ -211,12 +213,15 @@ class Timers:
             delay = timer.interval * spread
             delay = delay if sooner is None else min(delay, sooner)
             if timer.max_share is not None and self.clock is not None:
-                took = self.clock() - now
-                if took > max(SLOW, delay * timer.max_share):
+                timer.took = (*timer.took[1 - RECENT :], self.clock() - now)
+                # the least of its last rounds: one slow round (a cold cache, a busy moment)
+                # puts nothing off; a snapshot held back makes every round slow
+                cost = min(timer.took) if len(timer.took) == RECENT else 0.0
+                if cost > max(SLOW, delay * timer.max_share):
                     log.debug(
-                        "%s took %.3f s: next in %.1f s", timer.name, took, took / timer.max_share
+                        "%s took %.3f s: next in %.1f s", timer.name, cost, cost / timer.max_share
                     )
-                    delay = took / timer.max_share
+                    delay = cost / timer.max_share
             timer.next_at = now + delay
         return ran
 
