@@ -9,11 +9,11 @@ they share.
                    after a child finds nothing       type frees a start (only with rates)      │
     rate-wake      once, when that start frees       wake one child (nothing notifies it) ◀───┘
     rescue         rescue_interval ± 20 %, or 200    Rescuer: reclaim jobs with stale heartbeats
-                   times its last round's (> 20 ms)
+                   times its last rounds' (> 20 ms)
     orphans        0.5 s ± 20 %, or 200 times its    Rescuer: reclaim the jobs of supervisors
-                   last round's (> 20 ms)            whose session lock was freed (they died)
+                   last rounds' (> 20 ms)            whose session lock was freed (they died)
     queue-metrics  poll_interval ± 20 %, or 200      QueueMetrics: the pgq_jobs_* gauges (only
-                   times its last round's (> 20 ms)  when metrics are served: metrics_port)
+                   times its last rounds' (> 20 ms)  when metrics are served: metrics_port)
     vacuum-health  30 s                              VacuumHealth: the pgq_vacuum_* gauges (only
                                                      when metrics are served)
     prune          60 s; poll_interval while behind  Pruner: finished jobs past retention
