@@ -185,8 +185,8 @@ class Settings(BaseSettings):
         """Seconds between rescue rounds. Unset, it follows dead_after: a job whose worker
         died is back within dead_after and a quarter more (plus jitter), and the default
         dead_after of 30 s gives 7.5 s; 10 s at most, since one round is a cheap index scan
-        (a round that takes longer than 0.5 % of this puts the next further off: the timer's
-        max_share)."""
+        (three rounds in a row over 20 ms and 0.5 % of this put the next further off: the
+        timer's max_share)."""
         if self.rescue_interval is not None:
             return self.rescue_interval
         return min(10.0, self.dead_after / 4)
