@@ -371,14 +371,13 @@ TRIGGERS = {
         " new_jobs FOR EACH STATEMENT EXECUTE FUNCTION {s}.job_notify_inserted()"
     ),
     "job_bundle_count_update": (
-        "CREATE TRIGGER job_bundle_count_update AFTER UPDATE OF state ON {s}.job FOR EACH ROW"
-        " WHEN (((new.bundle_id IS NOT NULL) AND ((old.state = ANY (" + _TERMINAL + "))"
-        " IS DISTINCT FROM (new.state = ANY (" + _TERMINAL + ")))))"
-        " EXECUTE FUNCTION {s}.job_bundle_count()"
+        "CREATE TRIGGER job_bundle_count_update AFTER UPDATE ON {s}.job REFERENCING OLD TABLE AS"
+        " bundle_old_rows NEW TABLE AS bundle_new_rows FOR EACH STATEMENT"
+        " EXECUTE FUNCTION {s}.job_bundle_count_updated()"
     ),
     "job_bundle_count_delete": (
-        "CREATE TRIGGER job_bundle_count_delete AFTER DELETE ON {s}.job FOR EACH ROW"
-        " WHEN ((old.bundle_id IS NOT NULL)) EXECUTE FUNCTION {s}.job_bundle_count()"
+        "CREATE TRIGGER job_bundle_count_delete AFTER DELETE ON {s}.job REFERENCING OLD TABLE AS"
+        " bundle_old_rows FOR EACH STATEMENT EXECUTE FUNCTION {s}.job_bundle_count_deleted()"
     ),
     "job_release_dependents": (
         "CREATE TRIGGER job_release_dependents AFTER UPDATE OF state ON {s}.job FOR EACH ROW"
@@ -407,7 +406,9 @@ FUNCTIONS = {
     "supervisor_locks_held",
     "release_jobs",
     "job_notify_inserted",
-    "job_bundle_count",
+    "bundle_count_apply",
+    "job_bundle_count_updated",
+    "job_bundle_count_deleted",
     "claim_pick",
     "link_dependencies",
     "job_release_dependents",
