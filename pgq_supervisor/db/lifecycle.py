@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 
-from psycopg.rows import scalar_row, tuple_row
+from psycopg.rows import scalar_row
 
 from pgq_supervisor.db import rows
 from pgq_supervisor.db.connection import AsyncConn, Conn, cursor, cursor_async, statement, wrapped
@@ -17,7 +17,6 @@ from pgq_supervisor.db.params import (
     ClaimParams,
     EndAttemptParams,
     HeartbeatParams,
-    LockBundlesParams,
     ReleaseParams,
     RescueParams,
     SucceedAndClaimParams,
@@ -28,7 +27,6 @@ from pgq_supervisor.db.params import (
 )
 from pgq_supervisor.jobs import (
     AttemptKind,
-    BundleId,
     EndedAttempt,
     Job,
     JobId,
@@ -75,30 +73,14 @@ def heartbeat(conn: Conn, schema: str, ids: Sequence[JobId], lease: LeaseToken) 
         return set(cur.execute(statement("heartbeat", schema), params).fetchall())
 
 
-def lock_bundles(
-    conn: Conn,
-    schema: str,
-    bundle_ids: Sequence[BundleId],
-    job_ids: Sequence[JobId] = (),
-    lease: LeaseToken | None = None,
-) -> None:
-    """Lock the batch's job rows (those still under `lease`), then the bundles, in id order."""
-    params: LockBundlesParams = {
-        "ids": sorted(set(bundle_ids)),
-        "job_ids": sorted(job_ids),
-        "lease": lease,
-    }
-    with wrapped(), cursor(conn, tuple_row) as cur:
-        cur.execute(statement("lock_bundles", schema), params).fetchall()
-
-
 def _succeed_params(
     lease: LeaseToken,
     results: Sequence[tuple[JobId, str | None]],
     ephemeral: Collection[JobId] = (),
 ) -> SucceedParams:
     # in id order, the order the update then takes the rows in: the order everything else
-    # locks jobs in (lock_bundles, link_dependencies), so none of them can deadlock with it
+    # locks jobs in (link_dependencies, the bundle trigger's jobs-then-bundles), so none of
+    # them can deadlock with it
     results = sorted(results, key=lambda r: r[0])
     return {
         "ids": [r[0] for r in results],
@@ -151,7 +133,8 @@ def succeed_and_claim(
 ) -> tuple[set[JobId], list[Job]]:
     """`succeed` for one lease's jobs and `claim` of the next batch, in one statement.
 
-    The jobs must have no bundle (their counters need the bundle rows locked in order first).
+    Bundled jobs too: the bundle trigger counts them at the end of the statement, locking
+    their bundles in id order after every job row the statement took (schema/0024).
     """
     params: SucceedAndClaimParams = {
         **_succeed_params(lease, results, ephemeral),

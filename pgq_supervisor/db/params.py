@@ -153,12 +153,6 @@ class HeartbeatParams(TypedDict):
     lease: LeaseToken
 
 
-class LockBundlesParams(TypedDict):
-    ids: list[BundleId]
-    job_ids: list[JobId]
-    lease: LeaseToken | None
-
-
 class EndAttemptParams(TypedDict):
     ids: list[JobId]
     lease: LeaseToken | None
@@ -363,7 +357,6 @@ PARAMS: dict[str, type] = {
     "insert_bundle": BundleParams,
     "claim": ClaimParams,
     "heartbeat": HeartbeatParams,
-    "lock_bundles": LockBundlesParams,
     "succeed": SucceedParams,
     "succeed_and_claim": SucceedAndClaimParams,
     "end_attempt": EndAttemptParams,

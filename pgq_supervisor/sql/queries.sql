@@ -176,33 +176,13 @@ beaten AS (
 SELECT s.id FROM {schema}.job s
 WHERE s.id = ANY(%(ids)s::uuid[]) AND s.state = 'running' AND s.lease = %(lease)s
 
--- name: lock_bundles
--- Bundle counters are updated by a row trigger, which locks a job row and then its bundle.
--- A batch completion takes the same order for the whole batch: its job rows (still held under
--- its lease), then their bundles, each in id order, so it cannot deadlock with another
--- completion nor with a rescue, reset or delete.
--- `(SELECT count(*) FROM jobs) >= 0` is always true; it is what enforces the order. A CTE
--- that is not data-modifying runs only as far as it is read, so count(*) reads (and locks)
--- every job row; and a condition on no column of the bundle becomes a one-time filter that
--- runs before the bundle scan starts, so no bundle is locked before the last job row.
-WITH jobs AS (
-    SELECT id FROM {schema}.job
-    WHERE id = ANY(%(job_ids)s::uuid[]) AND lease = %(lease)s
-    ORDER BY id
-    FOR NO KEY UPDATE
-)
-SELECT b.id FROM {schema}.job_bundle b
-WHERE b.id = ANY(%(ids)s::uuid[]) AND (SELECT count(*) FROM jobs) >= 0
-ORDER BY b.id
-FOR NO KEY UPDATE
-
 -- name: succeed
 -- Fenced batch completion. Returns the ids it completed; the rest had lost their lease.
 -- pgq_job_stopped carries the ids, at most 200 per notification (payloads stop at 8000 bytes).
 -- The inner join to `sent` is what runs the notify: a CTE that is not data-modifying runs only
 -- if read, and an unused LEFT JOIN would be pruned.
 -- `waiting` locks the jobs that wait on the batch, in id order, before any row of the batch
--- is touched (the condition on no column of `j` is a one-time filter, as in lock_bundles):
+-- is touched (the condition on no column of `j` is a one-time filter, so none of it runs first):
 -- the dependency trigger (schema/0005) would otherwise lock them row by row, in batch order,
 -- and two batches completing dependencies of the same jobs could deadlock. A probe of the
 -- (usually empty) job_dependency index per job; the jobs found are read by primary key

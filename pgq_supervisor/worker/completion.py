@@ -7,8 +7,8 @@
       │                                               │   in its transaction): recorded
       │                                               ├ Lost: recorded, nothing written
       │                                               └ TimedOut: end_attempt as a timeout
-      ├ buffered successes of one lease, no bundle: in the claim's own statement
-      flush() ─ the others: one statement per lease, bundle rows locked first, in id order
+      ├ buffered successes of one lease: in the claim's own statement
+      flush() ─ the others: one statement per lease
       release() ─ claimed but never started: back to pending, no attempt consumed
 
 Every write is fenced by the job's lease: a job that another worker owns now comes out LOST
@@ -123,8 +123,8 @@ class Completer:
     def claim(self, conn: db.Conn, policy: ClaimPolicy, limit: int) -> list[Job]:
         """Claim up to `limit` jobs of `policy.types` and hold them in the heartbeat.
 
-        Buffered successes of one lease and no bundle are written by the claim's own
-        statement (one commit for both); any others are flushed first.
+        Buffered successes of one lease are written by the claim's own statement (one
+        commit for both); any others are flushed first.
         """
         with self._lock:
             return self._claim(conn, policy, limit)
@@ -160,13 +160,14 @@ class Completer:
         return jobs
 
     def _rider(self) -> LeaseToken | None:
-        """The buffer's lease if it can ride on a claim: one lease and no bundled job (bundle
-        counters need their rows locked in order first, see flush)."""
+        """The buffer's lease if it can ride on a claim: all of one lease. (Bundled jobs ride
+        too: the bundle trigger locks their bundles in id order at the end of the statement,
+        after its job rows, schema/0024.)"""
         if not self._successes:
             return None
         lease = self._successes[0].job.lease
         for ran in self._successes:
-            if ran.job.lease != lease or ran.job.bundle_id is not None:
+            if ran.job.lease != lease:
                 return None
         return lease
 
@@ -298,8 +299,8 @@ class Completer:
             self.flush(conn)
 
     def flush(self, conn: db.Conn) -> None:
-        """Write every buffered success: one statement per lease, its bundles' rows locked
-        first, in id order (db.lock_bundles). On DatabaseError, what is not written stays
+        """Write every buffered success: one statement per lease (its bundles are counted by
+        the statement's trigger, schema/0024). On DatabaseError, what is not written stays
         buffered: flush again after reconnecting (fenced writes cannot complete a job twice)."""
         with self._lock:
             self._flush(conn)
@@ -308,18 +309,8 @@ class Completer:
         while self._successes:
             lease = self._successes[0].job.lease
             results = [(r.job.id, r.result) for r in self._successes if r.job.lease == lease]
-            bundles = [
-                r.job.bundle_id
-                for r in self._successes
-                if r.job.lease == lease and r.job.bundle_id is not None
-            ]
             gone = self._ephemeral([r for r in self._successes if r.job.lease == lease])
-            if bundles:
-                with db.wrapped(), conn.transaction():
-                    db.lock_bundles(conn, self.schema, bundles, [i for i, _ in results], lease)
-                    held = db.succeed(conn, self.schema, lease, results, gone)
-            else:
-                held = db.succeed(conn, self.schema, lease, results, gone)
+            held = db.succeed(conn, self.schema, lease, results, gone)
             self._settle_buffered(lease, held)
         self._written_at = self.clock()
 

@@ -77,9 +77,7 @@ def test_a_bundled_ephemeral_job_is_kept_and_the_bundle_completes_once(conn: Con
     )
     jobs = claim(conn, ["ping"], limit=2)
     ids = [j.id for j in jobs]
-    with conn.transaction():
-        db.lock_bundles(conn, S, [bundle.id], ids, jobs[0].lease)
-        assert db.succeed(conn, S, jobs[0].lease, [(i, None) for i in ids], ids) == set(ids)
+    assert db.succeed(conn, S, jobs[0].lease, [(i, None) for i in ids], ids) == set(ids)
     after = pgq.get_bundle(conn, bundle.id)
     assert (after.num_jobs, after.num_jobs_stopped) == (2, 2)  # B1-B3
     assert states(conn) == {"kept": ["pending"], "ping": ["succeeded", "succeeded"]}  # B4

@@ -168,19 +168,15 @@ class Actor:
             self.held[jobs[0].lease] = jobs
 
     def flush(self) -> None:
-        """Batch success, as the executor writes it: its job rows, then their bundle rows,
-        each in id order (the order the bundle trigger takes)."""
+        """Batch success, as the completer writes it: one statement, whose bundle trigger
+        locks the bundles in id order after the job rows (schema/0024)."""
         lease = self._pick_lease()
         if lease is None:
             return
         jobs = self.held[lease]
-        bundles = [j.bundle_id for j in jobs if j.bundle_id is not None]
-        with self.conn.transaction():
-            if bundles:
-                db.lock_bundles(self.conn, SCHEMA, bundles, [j.id for j in jobs], lease)
-            done = db.succeed(
-                self.conn, SCHEMA, lease, [(j.id, db.dump_json({"by": self.n})) for j in jobs]
-            )
+        done = db.succeed(
+            self.conn, SCHEMA, lease, [(j.id, db.dump_json({"by": self.n})) for j in jobs]
+        )
         self._fenced("succeed", len(jobs), len(done))
         self._drop(lease, {j.id for j in jobs})
 
