@@ -70,9 +70,9 @@ class Settings(BaseSettings):
     )
     types: list[str] | None = Field(None, description="serve only these job types")
     # 1 s: a dead pod's jobs are taken back once its lock is free and their heartbeat is 1.5
-    # intervals old (rescuer.py); a beat is one UPDATE of the rows a child holds
+    # intervals old (rescuer.py); a beat is one UPDATE of the child's own row (schema/0025)
     heartbeat_interval: float = Field(
-        1.0, gt=0, le=MAX_DURATION, description="seconds between refreshes of worker_alive_at"
+        1.0, gt=0, le=MAX_DURATION, description="seconds between a child's heartbeats"
     )
     dead_after: float = Field(
         30.0,

@@ -87,6 +87,7 @@ from pgq_supervisor.db.enqueueing import (
 from pgq_supervisor.db.floors import clear_floors, horizon_held, refresh_floors
 from pgq_supervisor.db.lifecycle import (
     age_priorities,
+    beat,
     claim,
     end_attempt,
     heartbeat,
@@ -97,6 +98,7 @@ from pgq_supervisor.db.lifecycle import (
     succeed,
     succeed_and_claim,
     succeed_async,
+    worker_gone,
 )
 from pgq_supervisor.db.limits import ConnectionLimits, connection_limits
 from pgq_supervisor.db.params import ClaimArgs, dump_json
@@ -144,6 +146,7 @@ __all__ = [
     "asynchronous_commit_sql",
     "atomic",
     "atomic_async",
+    "beat",
     "bundle_completion",
     "bundles_page",
     "cancel",
@@ -230,5 +233,6 @@ __all__ = [
     "unlisten",
     "unlisten_async",
     "unregister_supervisor",
+    "worker_gone",
     "wrapped",
 ]

@@ -6,9 +6,9 @@ running under that lease.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
-from psycopg.rows import scalar_row
+from psycopg.rows import scalar_row, tuple_row
 
 from pgq_supervisor.db import rows
 from pgq_supervisor.db.connection import AsyncConn, Conn, cursor, cursor_async, statement, wrapped
@@ -21,6 +21,7 @@ from pgq_supervisor.db.params import (
     RescueParams,
     SucceedAndClaimParams,
     SucceedParams,
+    SupervisorIdParams,
     TypesParams,
     dump_json,
     new_id,
@@ -64,13 +65,33 @@ def claim(
 
 
 def heartbeat(conn: Conn, schema: str, ids: Sequence[JobId], lease: LeaseToken) -> set[JobId]:
-    """Refresh `worker_alive_at` of the jobs whose rows no other transaction holds, without
-    waiting for any. Returns the ids still held: running under `lease`, beaten or skipped
-    (held by another transaction: the worker's own completion, usually); the others lost
-    their lease or ended."""
-    params: HeartbeatParams = {"ids": list(ids), "lease": lease}
-    with wrapped(), cursor(conn, scalar_row) as cur:
-        return set(cur.execute(statement("heartbeat", schema), params).fetchall())
+    """`beat` of the jobs held under one lease; returns the ids still held."""
+    return beat(conn, schema, {lease: ids}).get(lease, set())
+
+
+def beat(
+    conn: Conn, schema: str, held: Mapping[LeaseToken, Sequence[JobId]]
+) -> dict[LeaseToken, set[JobId]]:
+    """One heartbeat of a child (schema/0025): its row in `worker` is made fresh (the owner is
+    read from the jobs held), which keeps every job it holds alive; no job row is written
+    (unless a supervisor of a version before 25 is registered). Returns, by lease, the ids
+    still running under it; the others lost their lease or ended. Waits for no row lock."""
+    pairs = [(i, lease) for lease, ids in held.items() for i in ids]
+    if not pairs:
+        return {}
+    params: HeartbeatParams = {"ids": [p[0] for p in pairs], "leases": [p[1] for p in pairs]}
+    kept: dict[LeaseToken, set[JobId]] = {}
+    with wrapped(), cursor(conn, tuple_row) as cur:
+        for job_id, lease in cur.execute(statement("heartbeat", schema), params).fetchall():
+            kept.setdefault(lease, set()).add(job_id)
+    return kept
+
+
+def worker_gone(conn: Conn, schema: str, worker_id: str) -> None:
+    """Delete a child's `worker` row: it beats no more (its heartbeat stopped)."""
+    params: SupervisorIdParams = {"id": worker_id}
+    with wrapped():
+        conn.execute(statement("worker_gone", schema), params)
 
 
 def _succeed_params(

@@ -149,8 +149,8 @@ class SucceedAndClaimParams(SucceedParams, ClaimParams):
 
 
 class HeartbeatParams(TypedDict):
-    ids: list[JobId]
-    lease: LeaseToken
+    ids: list[JobId]  # pairs with `leases`: the lease each job is held under
+    leases: list[LeaseToken]
 
 
 class EndAttemptParams(TypedDict):
@@ -406,6 +406,7 @@ PARAMS: dict[str, type] = {
     "type_limits": NoParams,
     "supervisor_register": SupervisorRegisterParams,
     "supervisor_unregister": SupervisorIdParams,
+    "worker_gone": SupervisorIdParams,
     "supervisor_lock": SupervisorIdParams,
     "supervisors_gone": SupervisorIdParams,
     "rescue_orphans": OrphansParams,

@@ -152,29 +152,44 @@ FROM (SELECT c.*, row_number() OVER (PARTITION BY c.priority, c.tenant
 ORDER BY c.priority DESC, c.turn, c.created_at, c.id
 
 -- name: heartbeat
--- Fenced: only jobs still running under this lease are touched. Does not change an indexed
--- column, so the update stays HOT.
--- Never waits for a row lock. A plain UPDATE locked the lease's rows in index (id) order and
--- waited for any held, while the same worker's completion (succeed, succeed_and_claim,
--- end_attempt, on the job connection) locks its batch in batch order: each held a row the
--- other wanted, and PostgreSQL broke the deadlock after deadlock_timeout (seen at 300 to
--- 1,500 jobs/s). `mine` takes only the rows nobody holds (SKIP LOCKED) and the update touches
--- only those: a row held elsewhere is being settled (completed, failed, cancelled), or is
--- beaten next time. Returns every job still running under the lease in this statement's
--- snapshot, beaten or skipped (the caller keeps holding both); a job missing from the result
--- is no longer this lease's. The update runs whether or not it is read (a data-modifying
--- CTE always runs to completion).
-WITH mine AS (
+-- One beat of a child (schema/0025): its own row in `worker`, keyed by the worker_id its jobs
+-- carry, is made fresh, and the jobs it holds are kept alive by it; no job row is written.
+-- `ids` and `leases` go in pairs (a job and the lease the child holds it under). Returns the
+-- pairs still running under that lease in this statement's snapshot; a job missing from the
+-- result is no longer this lease's. The owner is read from the jobs held (a beat holding none
+-- writes nothing: the child holds nothing to keep alive).
+-- While a supervisor of a version before 25 is registered (child_beats false: a rolling
+-- upgrade), its rescuer judges jobs by worker_alive_at alone, so the beat also writes that, as
+-- before 25: without waiting for a row lock (SKIP LOCKED: a row the child's own completion
+-- holds is being settled, and the two would deadlock otherwise). The updates run whether or
+-- not they are read (a data-modifying CTE always runs to completion).
+WITH held AS MATERIALIZED (
+    SELECT j.id, j.lease, j.worker_id FROM {schema}.job j
+    JOIN unnest(%(ids)s::uuid[], %(leases)s::uuid[]) AS h(id, lease)
+      ON h.id = j.id AND h.lease = j.lease
+    WHERE j.id = ANY(%(ids)s::uuid[]) AND j.state = 'running'
+),
+beat AS (
+    INSERT INTO {schema}.worker AS w (id, alive_at)
+    SELECT DISTINCT h.worker_id, now() FROM held h
+    ON CONFLICT (id) DO UPDATE SET alive_at = excluded.alive_at
+),
+legacy AS (
     SELECT j.id FROM {schema}.job j
-    WHERE j.id = ANY(%(ids)s::uuid[]) AND j.state = 'running' AND j.lease = %(lease)s
+    WHERE j.id = ANY(ARRAY(SELECT h.id FROM held h))
+      AND EXISTS (SELECT 1 FROM {schema}.supervisor s WHERE NOT s.child_beats)
     FOR NO KEY UPDATE SKIP LOCKED
 ),
 beaten AS (
     UPDATE {schema}.job j SET worker_alive_at = now()
-    WHERE j.id = ANY(ARRAY(SELECT m.id FROM mine m))
+    WHERE j.id = ANY(ARRAY(SELECT l.id FROM legacy l))
 )
-SELECT s.id FROM {schema}.job s
-WHERE s.id = ANY(%(ids)s::uuid[]) AND s.state = 'running' AND s.lease = %(lease)s
+SELECT h.id, h.lease FROM held h
+
+-- name: worker_gone
+-- A child's row, when it leaves (its heartbeat stops); rows of children killed before that go
+-- with supervisor_register's sweep.
+DELETE FROM {schema}.worker WHERE id = %(id)s
 
 -- name: succeed
 -- Fenced batch completion. Returns the ids it completed; the rest had lost their lease.
@@ -351,7 +366,8 @@ SELECT job_id, job_type, new_state, retry_count
 FROM {schema}.end_attempt(
     ARRAY(SELECT j.id FROM {schema}.job j
           WHERE j.state = 'running'
-            AND j.worker_alive_at < now() - make_interval(secs => %(dead_after)s)
+            AND {schema}.job_alive_at(j.state, j.worker_alive_at, j.worker_id)
+                < now() - make_interval(secs => %(dead_after)s)
           ORDER BY j.id
           LIMIT %(limit)s
           FOR UPDATE SKIP LOCKED),
@@ -437,7 +453,8 @@ FROM done
 
 -- name: get_job
 SELECT id, bundle_id, type, payload, priority, origin, state, max_retry_count,
-       current_retry_count, start_at, started_at, stopped_at, worker_alive_at, worker_id,
+       current_retry_count, start_at, started_at, stopped_at,
+       {schema}.job_alive_at(state, worker_alive_at, worker_id) AS worker_alive_at, worker_id,
        timeout, unique_key, result, error_msg, error_data, attempts, created_at, updated_at,
        progress, waiting_on, depends_on, on_dependency_failure, has_dependents, concurrency_key,
        trace_context, snoozes, debounce_key, ordered_key, workflow_parent, tenant
@@ -449,7 +466,8 @@ SELECT id, state FROM {schema}.job WHERE id = ANY(%(ids)s::uuid[])
 
 -- name: get_jobs
 SELECT id, bundle_id, type, payload, priority, origin, state, max_retry_count,
-       current_retry_count, start_at, started_at, stopped_at, worker_alive_at, worker_id,
+       current_retry_count, start_at, started_at, stopped_at,
+       {schema}.job_alive_at(state, worker_alive_at, worker_id) AS worker_alive_at, worker_id,
        timeout, unique_key, result, error_msg, error_data, attempts, created_at, updated_at,
        progress, waiting_on, depends_on, on_dependency_failure, has_dependents, concurrency_key,
        trace_context, snoozes, debounce_key, ordered_key, workflow_parent, tenant
@@ -489,7 +507,8 @@ FROM {schema}.job_bundle WHERE id = %(id)s
 
 -- name: list_jobs
 SELECT id, bundle_id, type, payload, priority, origin, state, max_retry_count,
-       current_retry_count, start_at, started_at, stopped_at, worker_alive_at, worker_id,
+       current_retry_count, start_at, started_at, stopped_at,
+       {schema}.job_alive_at(state, worker_alive_at, worker_id) AS worker_alive_at, worker_id,
        timeout, unique_key, result, error_msg, error_data, attempts, created_at, updated_at,
        progress, waiting_on, depends_on, on_dependency_failure, has_dependents, concurrency_key,
        trace_context, snoozes, debounce_key, ordered_key, workflow_parent, tenant
@@ -805,17 +824,23 @@ ORDER BY l.type
 
 -- name: supervisor_register
 -- A supervisor's row, upserted on its "register" timer (schema/0010). Rows of supervisors not
--- seen for an hour (killed, never cleaned up) go at the same time.
+-- seen for an hour (killed, never cleaned up) go at the same time, and so do the rows of
+-- children not beaten for an hour (schema/0025: a child killed before its heartbeat said
+-- goodbye). child_beats: its children beat their own rows, and its rescuer reads them.
 WITH gone AS (
     DELETE FROM {schema}.supervisor
     WHERE seen_at < now() - interval '1 hour' AND id <> %(id)s
     RETURNING id
+),
+workers_gone AS (
+    DELETE FROM {schema}.worker WHERE alive_at < now() - interval '1 hour'
+    RETURNING id
 )
 INSERT INTO {schema}.supervisor (id, host, pid, procs, types, started_at, seen_at, children,
-                                 locked_on)
+                                 locked_on, child_beats)
 SELECT %(id)s, %(host)s, %(pid)s, %(procs)s, %(types)s::text[], %(started_at)s, now(),
-       %(children)s::jsonb, %(locked_on)s
-WHERE (SELECT count(*) FROM gone) >= 0
+       %(children)s::jsonb, %(locked_on)s, true
+WHERE (SELECT count(*) FROM gone) >= 0 AND (SELECT count(*) FROM workers_gone) >= 0
 ON CONFLICT (id) DO UPDATE
 SET procs = excluded.procs, seen_at = excluded.seen_at, children = excluded.children,
     locked_on = excluded.locked_on
@@ -863,7 +888,8 @@ orphans AS MATERIALIZED (
 taken AS MATERIALIZED (
     SELECT j.id FROM {schema}.job j
     WHERE j.id IN (SELECT o.id FROM orphans o) AND j.state = 'running'
-      AND j.worker_alive_at < now() - make_interval(secs => %(quiet)s)
+      AND {schema}.job_alive_at(j.state, j.worker_alive_at, j.worker_id)
+          < now() - make_interval(secs => %(quiet)s)
     ORDER BY j.id
     FOR UPDATE OF j SKIP LOCKED
 ),

@@ -2,8 +2,8 @@
 
     supervisor ──pipe──▶ child (main thread)              child (pgq-heartbeat thread)
       Wake / Stop          Worker: claim ◀─ job conn         every heartbeat_interval:
-      ◀── Ready / Idle     Executor: run handler, in order   UPDATE worker_alive_at
-          Report           Completer: write outcomes         for every job held (fenced),
+      ◀── Ready / Idle     Executor: run handler, in order   UPDATE its own worker row
+          Report           Completer: write outcomes         (every job it holds alive),
       ◀── shared slot ──   slot = job in hand, held count    on its own connection; and
                                                              a batch behind a long job
                                                              goes back (unstarted.py)

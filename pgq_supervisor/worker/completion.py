@@ -20,7 +20,7 @@ write per job caps the queue near 2,000 jobs/s; one statement per batch drains 4
 The completer holds no connection: the caller passes its own to each call, and reconnecting is
 the caller's business. A call that raises DatabaseError settles nothing it was about to write;
 after a reconnect, `recover()` writes the buffer or, if it cannot, forgets it (those jobs run
-again once the rescuer finds their heartbeat stale).
+again: the heartbeat releases them, or the rescuer once their heartbeat is stale).
 """
 
 from __future__ import annotations
@@ -333,12 +333,19 @@ class Completer:
             self.discard()
 
     def discard(self) -> None:
-        """Forget the buffered successes; their jobs leave the heartbeat and will run again."""
-        by_lease: dict[LeaseToken, list[JobId]] = {}
+        """Forget the buffered successes: their jobs will run again. With a heartbeat, it
+        releases them from its thread (fenced, without an attempt, retried until it lands):
+        the child's beats keep every job it owns alive (schema/0025), so a job merely left out
+        of the heartbeat would stay running until the child exits. Without one, they leave
+        and the rescuer returns them."""
         with self._lock:
-            for ran in self._successes:
-                by_lease.setdefault(ran.job.lease, []).append(ran.job.id)
-            self._successes = []
+            successes, self._successes = self._successes, []
+        if self.heartbeat is not None:
+            self.heartbeat.release_later([r.job for r in successes])
+            return
+        by_lease: dict[LeaseToken, list[JobId]] = {}
+        for ran in successes:
+            by_lease.setdefault(ran.job.lease, []).append(ran.job.id)
         for lease, ids in by_lease.items():
             self._drop(lease, ids)
 

@@ -1,7 +1,11 @@
-"""The child's heartbeat thread: keeps `worker_alive_at` fresh on every job the child holds.
+"""The child's heartbeat thread: keeps every job the child holds alive, by one row of its own.
 
-It has its own connection (cursors on one connection share one transaction, and the job
-connection is busy running handlers). Every write is fenced by the lease. A heartbeat proves
+Each beat makes the child's row in `worker` fresh (schema/0025: a running job is alive while
+its claim's stamp or its owner's row is younger than dead_after), and reads back which of the
+jobs it holds still run under their lease; no job row is written (but while a supervisor of an
+older version is registered, which judges jobs by their own worker_alive_at). It has its own
+connection (cursors on one connection share one transaction, and the job connection is busy
+running handlers). Every write is fenced by the lease. A heartbeat proves
 that the process lives, not that the job progresses: job timeouts are the supervisor's.
 
 The same thread writes the progress handlers report (progress.py): `progress` wakes it, and
@@ -93,7 +97,11 @@ class Heartbeat:
                 self._release(self._take_handed())
             except Exception:
                 log.exception("could not release claimed jobs at exit")
-        if self._conn is not None:
+        if self._conn is not None and not self._conn.closed:
+            try:  # it beats no more: its row goes (one killed first is swept within the hour)
+                db.worker_gone(self._conn, self._schema, self._worker_id)
+            except DatabaseError as exc:
+                log.debug("could not delete the worker row of %s: %s", self._worker_id, exc)
             self._conn.close()
 
     def release_later(self, jobs: Sequence[Job]) -> None:
@@ -221,24 +229,25 @@ class Heartbeat:
             return job.id in self._held.get(job.lease, ())
 
     def beat_once(self) -> int:
-        """One round of fenced heartbeats; returns how many jobs are still held."""
+        """One heartbeat (fenced by the leases held); returns how many jobs are still held."""
         if self._conn is None or self._conn.closed:
             self.up = False
             self._conn = self._connect()  # even with nothing held: claims wait for it
         with self._lock:
             snapshot = {lease: list(ids) for lease, ids in self._held.items()}
+        sent = time.monotonic()
+        # One statement for every lease held: the child's own row in `worker` is made fresh,
+        # which keeps all its jobs alive (schema/0025), and the jobs still running under their
+        # lease come back.
+        kept = db.beat(self._conn, self._schema, snapshot) if snapshot else {}
         alive = 0
         for lease, ids in snapshot.items():
-            sent = time.monotonic()
-            # A job whose row another transaction holds (this worker's own completion,
-            # usually) is skipped rather than waited for, and comes back as kept: it stays
-            # held, and is beaten next time if it was not settled after all.
-            kept = db.heartbeat(self._conn, self._schema, ids, lease)
-            alive += len(kept)
-            lost = [i for i in ids if i not in kept]
+            still = kept.get(lease, set())
+            alive += len(still)
+            lost = [i for i in ids if i not in still]
             # Usually a race with the main thread, which completed these jobs between our
-            # snapshot and this update; a real loss is reported by the fenced write that
-            # fails, so this stays quiet.
+            # snapshot and the beat; a real loss is reported by the fenced write that fails,
+            # so this stays quiet.
             for job_id in lost:
                 log.debug("heartbeat: job %s no longer held by %s", job_id, self._worker_id)
             self.drop(lease, lost)

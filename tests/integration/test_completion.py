@@ -202,7 +202,7 @@ def test_successes_whose_lease_went_during_the_outage_are_dropped_to_run_again(
     assert heartbeat.holding() == 0
 
 
-def test_successes_that_cannot_be_written_are_forgotten_and_their_jobs_kept_running(
+def test_successes_that_cannot_be_written_are_forgotten_and_their_jobs_released_to_run_again(
     conn: Conn, dsn: str, worker_conn: Conn, heartbeat: Heartbeat
 ) -> None:
     pgq.enqueue_many(conn, [pgq.NewJob("t", {"n": n}) for n in range(2)])
@@ -212,9 +212,15 @@ def test_successes_that_cannot_be_written_are_forgotten_and_their_jobs_kept_runn
     _cut(dsn)
     completer.recover(worker_conn)  # still the broken connection: nothing can be written
     assert completer.buffered == 0 and completer.take_outcomes() == []
-    # out of the heartbeat: they go stale, and the rescuer gives them to someone else
-    assert heartbeat.holding() == 0
+    # handed to the heartbeat, which holds them until its release lands: a child's beats keep
+    # every job it owns alive (schema/0025), so a job merely dropped would stay running
+    assert heartbeat.holding() == 2
     assert _states(conn, [j.id for j in jobs]) == [pgq.JobState.RUNNING] * 2
+    assert heartbeat.release_unstarted() == 2  # what its thread does at its next wake-up
+    assert heartbeat.holding() == 0
+    for job in jobs:
+        rec = get(conn, job.id)
+        assert (rec.state, rec.current_retry_count, rec.attempts) == (pgq.JobState.PENDING, 0, [])
 
 
 def test_jobs_not_started_go_back_without_an_attempt(

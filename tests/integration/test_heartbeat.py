@@ -22,7 +22,8 @@ APP = "pgq-heartbeat-test"
 
 def _alive_at_age(conn: Conn, job: pgq.Job) -> float:
     row = conn.execute(
-        "SELECT extract(epoch FROM now() - worker_alive_at)::float8 FROM pgq.job WHERE id = %s",
+        "SELECT extract(epoch FROM now() - pgq.job_alive_at(state, worker_alive_at, worker_id))"
+        "::float8 FROM pgq.job WHERE id = %s",
         (job.id,),
     ).fetchone()
     assert row is not None

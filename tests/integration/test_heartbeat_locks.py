@@ -57,7 +57,8 @@ def completion(dsn: str) -> Iterator[psycopg.Connection[tuple[object, ...]]]:
 
 def alive_age(conn: Conn, job_id: JobId) -> float:
     row = conn.execute(
-        "SELECT extract(epoch FROM now() - worker_alive_at)::float8 FROM pgq.job WHERE id = %s",
+        "SELECT extract(epoch FROM now() - pgq.job_alive_at(state, worker_alive_at, worker_id))"
+        "::float8 FROM pgq.job WHERE id = %s",
         (job_id,),
     ).fetchone()
     assert row is not None
@@ -74,12 +75,19 @@ def test_a_beat_skips_a_row_its_completion_holds_and_keeps_the_job(
     try:
         hb.hold(first.lease, [first.id, second.id])
         assert db.succeed(completion, S, second.lease, [(second.id, "1")]) == {second.id}
-        # the completion's transaction holds `second`: the beat writes `first` only, at once,
-        # and keeps both (`second` is not lost: its completion may yet roll back)
+        # the completion's transaction holds `second`: the beat writes neither job's row (its
+        # child's row in `worker` keeps both alive, schema/0025), waits for nothing, and keeps
+        # both (`second` is not lost: its completion may yet roll back)
         assert hb.beat_once() == 2
         assert hb.holding() == 2
         assert alive_age(conn, first.id) < 30
-        assert alive_age(conn, second.id) >= 60
+        assert alive_age(conn, second.id) < 30
+        stamps = conn.execute(
+            "SELECT count(*) FROM pgq.job"
+            " WHERE id = %s AND worker_alive_at < now() - interval '59 s'",
+            (first.id,),
+        ).fetchone()
+        assert stamps == (1,)  # the job's own row was not written
         completion.commit()
         # now it is finished: no longer held
         assert hb.beat_once() == 1

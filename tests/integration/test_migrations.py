@@ -145,6 +145,11 @@ SUPERVISOR_COLUMNS = {
     "seen_at": ("timestamp with time zone", False),
     "children": ("jsonb", False),
     "locked_on": ("text", True),
+    "child_beats": ("boolean", False),
+}
+WORKER_COLUMNS = {
+    "id": ("text", False),
+    "alive_at": ("timestamp with time zone", False),
 }
 INDEXES = {
     "job_pkey": "CREATE UNIQUE INDEX job_pkey ON {s}.job USING btree (id)",
@@ -478,7 +483,9 @@ INDEXES |= {
     ),
 }
 _NAME_LENGTH = "CHECK (((length(name) >= 1) AND (length(name) <= 200)))"
+INDEXES["worker_pkey"] = "CREATE UNIQUE INDEX worker_pkey ON {s}.worker USING btree (id)"
 CHECKS |= {
+    ("worker", "worker_id_check"): "CHECK (((char_length(id) >= 1) AND (char_length(id) <= 200)))",
     ("workflow_signal", "workflow_signal_name_check"): _NAME_LENGTH,
     ("workflow_step", "workflow_step_name_check"): _NAME_LENGTH,
     ("workflow_step", "workflow_step_kind_check"): (
@@ -516,6 +523,7 @@ FUNCTIONS |= {
     "claim_floor_refresh",
     "claim_floor_clear",
     "claim_pick_floored",
+    "job_alive_at",
 }
 
 
@@ -551,6 +559,7 @@ def assert_declared_schema(conn: Conn, s: str) -> None:
         "type_limit_stripe",
         "type_pause",
         "type_rate",
+        "worker",
         "workflow_signal",
         "workflow_step",
     ]
@@ -566,6 +575,7 @@ def assert_declared_schema(conn: Conn, s: str) -> None:
     assert _columns(conn, s, "schedule") == SCHEDULE_COLUMNS
     assert _columns(conn, s, "schema_version") == VERSION_COLUMNS
     assert _columns(conn, s, "supervisor") == SUPERVISOR_COLUMNS
+    assert _columns(conn, s, "worker") == WORKER_COLUMNS
     assert _columns(conn, s, "fair_cursor") == FAIR_CURSOR_COLUMNS
     assert _columns(conn, s, "tenant_weight") == TENANT_WEIGHT_COLUMNS
     assert _columns(conn, s, "claim_floor") == CLAIM_FLOOR_COLUMNS

@@ -165,7 +165,8 @@ def test_an_unexpected_error_does_not_end_the_heartbeat_thread(conn: Conn, dsn: 
 
         def beaten() -> bool:
             row = conn.execute(
-                "SELECT worker_alive_at > now() - interval '1 minute' FROM pgq.job WHERE id = %s",
+                "SELECT pgq.job_alive_at(state, worker_alive_at, worker_id)"
+                " > now() - interval '1 minute' FROM pgq.job WHERE id = %s",
                 (jobs[0].id,),
             ).fetchone()
             return bool(row and row[0])

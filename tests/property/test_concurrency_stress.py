@@ -223,12 +223,20 @@ class Actor:
 
     def rescue(self) -> None:
         """Some heartbeats went stale (moved into the past, one row per statement as a
-        paused worker would leave them), then this thread runs the rescuer."""
+        paused worker would leave them: the job's claim stamp and its owner's beat), then this
+        thread runs the rescuer."""
         for job_id in self.rng.sample(self.shared.jobs, 2):
             self.conn.execute(
                 q(
                     "UPDATE {schema}.job SET worker_alive_at = now() - make_interval(secs => %s)"
                     " WHERE id = %s AND state = 'running'"
+                ),
+                [2 * DEAD_AFTER, job_id],
+            )
+            self.conn.execute(  # and its owner's own beat (schema/0025)
+                q(
+                    "UPDATE {schema}.worker w SET alive_at = now() - make_interval(secs => %s)"
+                    " FROM {schema}.job j WHERE j.id = %s AND w.id = j.worker_id"
                 ),
                 [2 * DEAD_AFTER, job_id],
             )

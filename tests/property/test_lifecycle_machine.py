@@ -489,8 +489,11 @@ class LifecycleMachine(RuleBasedStateMachine):
         ids = data.draw(st.lists(st.sampled_from([j.id for j in self._running()]), min_size=1))
         held = db.heartbeat(self.conn, SCHEMA, ids, lease)
         assert held == {i for i in ids if self.jobs[i].lease == lease}
-        for i in held:
-            self.jobs[i].stale = False
+        # a beat is its owner's (schema/0025): every job that worker runs is alive again
+        owners = {self.jobs[i].worker for i in held}
+        for job in self._running():
+            if job.worker in owners:
+                job.stale = False
         self._committed()
 
     @precondition(lambda self: self._live_leases())
@@ -573,17 +576,27 @@ class LifecycleMachine(RuleBasedStateMachine):
     @precondition(lambda self: self._running())
     @rule(data=st.data())
     def heartbeat_goes_stale(self, data: st.DataObject) -> None:
-        """The worker stops beating (paused, partitioned): move its last beat into the past."""
-        job = data.draw(st.sampled_from(self._running()), "job")
+        """A worker stops beating (paused, partitioned): move its last beat (schema/0025: its
+        own row) and its jobs' claim stamps into the past; every job it runs goes quiet."""
+        worker = data.draw(st.sampled_from(sorted({j.worker or "" for j in self._running()})), "w")
+        quiet = [j for j in self._running() if j.worker == worker]
         n = self.conn.execute(
             q(
                 "UPDATE {schema}.job SET worker_alive_at = now() - make_interval(secs => %s)"
+                " WHERE worker_id = %s AND state = 'running'"
+            ),
+            [2 * DEAD_AFTER, worker],
+        ).rowcount
+        assert n == len(quiet)
+        self.conn.execute(
+            q(
+                "UPDATE {schema}.worker SET alive_at = now() - make_interval(secs => %s)"
                 " WHERE id = %s"
             ),
-            [2 * DEAD_AFTER, job.id],
-        ).rowcount
-        assert n == 1
-        job.stale = True
+            [2 * DEAD_AFTER, worker],
+        )
+        for job in quiet:
+            job.stale = True
         self._committed()
 
     @precondition(lambda self: self._running())
@@ -758,7 +771,8 @@ class LifecycleMachine(RuleBasedStateMachine):
                 "SELECT id, state, current_retry_count, max_retry_count, lease, worker_id,"
                 "       started_at IS NOT NULL, stopped_at IS NOT NULL,"
                 "       worker_alive_at IS NOT NULL, start_at > now(),"
-                "       worker_alive_at < now() - make_interval(secs => %s),"
+                "       {schema}.job_alive_at(state, worker_alive_at, worker_id)"
+                "         < now() - make_interval(secs => %s),"
                 "       jsonb_array_length(attempts), bundle_id, type, waiting_on"
                 " FROM {schema}.job"
             ),

@@ -87,9 +87,16 @@ def raw_row(conn: Conn, job_id: JobId) -> tuple[object, ...]:
 
 
 def age_heartbeat(conn: Conn, job_id: JobId, seconds: float) -> None:
-    """Move a running job's heartbeat back by `seconds` on the database clock."""
+    """Move a running job's heartbeat back by `seconds` on the database clock: its claim's
+    stamp, and its owner's last beat if it has beaten (schema/0025), so every job of that
+    owner looks as quiet."""
     conn.execute(
         "UPDATE pgq.job SET worker_alive_at = now() - make_interval(secs => %s) WHERE id = %s",
+        (seconds, job_id),
+    )
+    conn.execute(
+        "UPDATE pgq.worker w SET alive_at = now() - make_interval(secs => %s)"
+        " FROM pgq.job j WHERE j.id = %s AND w.id = j.worker_id",
         (seconds, job_id),
     )
 
