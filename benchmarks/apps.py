@@ -138,3 +138,49 @@ async def asleep(payload: SleepPayload) -> None:
 def tsleep(payload: SleepPayload) -> None:
     """Waits on I/O the blocking way (a sync client library): runs in the child's threads."""
     time.sleep(payload.seconds)
+
+
+# The `due` benchmark (benchmarks/due.py): delayed jobs of every kind, and the no-op backlog
+# beside which they come due. A registry of its own: its workflow type is not served by the
+# other groups' supervisors.
+DUE_APP = "benchmarks.apps:due_registry"
+DUE_DELAY = 0.5  # the backoff, snooze and sleep of every delayed job: seconds
+DUE_RETRY = "bench_due_retry"
+DUE_SNOOZE = "bench_due_snooze"
+DUE_SLEEP = "bench_due_sleep"
+DUE_LATER = "bench_due_later"
+due_registry = pgq.Registry()
+
+
+@due_registry.handler(NOOP)
+def due_noop(payload: object) -> None:
+    """The backlog's jobs: the drain beside which the delayed ones come due."""
+
+
+@due_registry.handler(DUE_RETRY, max_retry_count=1, retry=lambda attempt, rng: DUE_DELAY)
+def due_retry(payload: object, job: pgq.Job) -> None:
+    """Fails its first attempt: its retry is due DUE_DELAY later."""
+    if job.attempt == 1:
+        raise RuntimeError("the first attempt fails")
+
+
+class UntilPayload(pydantic.BaseModel):
+    until: float
+
+
+@due_registry.handler(DUE_SNOOZE, max_retry_count=0)
+def due_snooze(payload: UntilPayload) -> None:
+    """Snoozes DUE_DELAY at a time while the wall clock is before `until`."""
+    if time.time() < payload.until:
+        raise pgq.Snooze(DUE_DELAY)
+
+
+@due_registry.workflow(DUE_SLEEP)
+def due_sleep(ctx: pgq.WorkflowContext, payload: object) -> None:
+    """A workflow that sleeps DUE_DELAY once."""
+    ctx.sleep("nap", DUE_DELAY)
+
+
+@due_registry.handler(DUE_LATER)
+def due_later(payload: object) -> None:
+    """Enqueued with a start_at DUE_DELAY ahead."""

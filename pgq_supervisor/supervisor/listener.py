@@ -1,6 +1,7 @@
 """Owns the supervisor's single LISTEN connection; reconnects with backoff.
 
-It listens on two channels: pgq_job_available (a job type has work: wake a child) and
+It listens on three channels: pgq_job_available (a job type has work: wake a child),
+pgq_job_due (a job type has a delayed job coming due: wake a child then; schema/0026) and
 pgq_job_cancel (a running job was cancelled: stop the child that holds it). Notifications are
 hints: after every (re)LISTEN the supervisor wakes every child, because whatever was sent while
 we were not listening is lost; a jittered poll backs up both channels.
@@ -14,6 +15,7 @@ and because its loss is seen at once (the selector), and it reconnects on the ne
 from __future__ import annotations
 
 import logging
+import math
 import random
 import time
 from collections.abc import Callable
@@ -28,9 +30,23 @@ from pgq_supervisor.errors import DatabaseError
 log = logging.getLogger(__name__)
 
 AVAILABLE = "pgq_job_available"  # payload: a job type
+DUE = "pgq_job_due"  # payload: "<seconds until due> <job type>" (parse_due)
 CANCEL = "pgq_job_cancel"  # payload: {"job_id": ..., "worker_id": ...} (see cancels.py)
-CHANNELS = (AVAILABLE, CANCEL)
+CHANNELS = (AVAILABLE, DUE, CANCEL)
 LOCK_RETRY = 1.0  # seconds between tries of a lock an earlier session still holds
+
+
+def parse_due(payload: str) -> tuple[float, str] | None:
+    """(seconds until due, type) of a pgq_job_due payload; None for one that is not (anyone
+    may NOTIFY: a bad one is dropped, and a good one can only bring a wake-up forward)."""
+    seconds, sep, type_ = payload.partition(" ")
+    try:
+        delay = float(seconds)
+    except ValueError:
+        return None
+    if not sep or not type_ or not math.isfinite(delay):
+        return None
+    return max(0.0, delay), type_
 
 
 @dataclass(frozen=True, slots=True)

@@ -61,8 +61,9 @@ from pgq_supervisor.supervisor.children import (
     tell_run_alone,
     wake_idle,
 )
-from pgq_supervisor.supervisor.listener import AVAILABLE, CANCEL, Listener
+from pgq_supervisor.supervisor.listener import AVAILABLE, CANCEL, DUE, Listener, parse_due
 from pgq_supervisor.supervisor.maintenance import (
+    DUE_WAKE,
     RATE_DUE,
     ControlConnection,
     Services,
@@ -299,6 +300,9 @@ class Supervisor:
         for n in notifications:
             if n.channel == AVAILABLE:
                 served += n.payload in self.types
+            elif n.channel == DUE and (due := parse_due(n.payload)) is not None:
+                if due[1] in self.types:  # wake a child when it comes due (schema/0026)
+                    self.timers.run_soon(DUE_WAKE, self.clock() + due[0])
             elif n.channel == CANCEL and (request := cancels.parse(n.payload)) is not None:
                 cancels.mark(self.children.values(), request)  # _enforce stops the child
         if served:

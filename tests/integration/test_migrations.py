@@ -524,7 +524,12 @@ FUNCTIONS |= {
     "claim_floor_clear",
     "claim_pick_floored",
     "job_alive_at",
+    "job_notify_due",
 }
+TRIGGERS["job_notify_due"] = (  # schema/0026: delayed jobs announced when written
+    "CREATE TRIGGER job_notify_due AFTER UPDATE ON {s}.job REFERENCING NEW TABLE AS due_new_rows"
+    " FOR EACH STATEMENT EXECUTE FUNCTION {s}.job_notify_due()"
+)
 
 
 def _all_versions() -> list[int]:

@@ -9,8 +9,9 @@ import pytest
 
 from pgq_supervisor.errors import DatabaseError
 from pgq_supervisor.settings import load_settings
-from pgq_supervisor.supervisor.listener import Listener
+from pgq_supervisor.supervisor.listener import Listener, parse_due
 from pgq_supervisor.supervisor.maintenance import (
+    DUE_WAKE,
     ControlConnection,
     ControlDown,
     Services,
@@ -242,3 +243,46 @@ def test_the_timers_that_read_every_running_job_are_capped_and_the_others_are_no
     capped = {name for name, t in timers.by_name.items() if t.max_share is not None}
     assert capped == {"rescue", "orphans", "queue-metrics"}
     assert len(timers.by_name) > len(capped) + 4
+
+
+@pytest.mark.parametrize(
+    ("payload", "parsed"),
+    [
+        ("0.5 emails.send", (0.5, "emails.send")),
+        ("-2.25 t", (0.0, "t")),  # due already (the writer's transaction stayed open)
+        ("1 a type with spaces", (1.0, "a type with spaces")),
+        ("soon t", None),
+        ("0.5", None),
+        ("0.5 ", None),
+        ("nan t", None),
+        ("inf t", None),
+        ("", None),
+    ],
+)
+def test_a_due_notification_names_its_delay_and_type_or_is_dropped(
+    payload: str, parsed: tuple[float, str] | None
+) -> None:
+    assert parse_due(payload) == parsed
+
+
+def test_a_due_wake_up_wakes_a_child_and_asks_at_once_what_comes_due_next() -> None:
+    settings = load_settings()
+    clock = FakeClock()
+    metrics = Metrics()
+    woken: list[int] = []
+    control = ControlConnection(NO_DATABASE, clock=clock, rng=random.Random(1))
+    timers = maintenance_timers(
+        settings, ["t"], Services.from_settings(settings, metrics, clock.now), control, metrics,
+        woken.append, now=clock.now, rng=random.Random(1), clock=clock,
+    )  # fmt: skip
+    timers.run_due(clock.now)  # everything due at start (the poll wakes a child)
+    woken.clear()
+    due_jobs = timers.by_name["due-jobs"]
+    due_jobs.arm(clock.now + 100.0)
+    timers.run_soon(DUE_WAKE, clock.now + 0.3)  # a pgq_job_due for a served type
+
+    assert "due-wake" not in timers.run_due(clock.now + 0.29)
+    assert woken == []
+    assert "due-wake" in timers.run_due(clock.now + 0.3)
+    assert woken == [1]
+    assert due_jobs.next_at == clock.now + 0.3  # not 100 s later: the next one is asked now

@@ -3,8 +3,12 @@ they share.
 
     timer          runs every                        does
     poll           poll_interval ± 20 %              wake one idle child: the fallback behind NOTIFY
-    due-jobs       poll_interval ± 20 %              ask when the earliest delayed job comes due ─┐
-    due-wake       once, when that job comes due     wake one child (nothing notifies it)  ◀──────┘
+    due-jobs       poll_interval ± 20 %, and after   ask when the earliest delayed job comes due ─┐
+                   each due-wake                                                                 │
+    due-wake       once, when that job comes due,    wake one child                         ◀──────┘
+                   or sooner: a pgq_job_due for a
+                   served type (schema/0026) brings
+                   it forward to that job's time
     rate-due       poll_interval ± 20 %, and soon    ask when a full rate window of a served  ─┐
                    after a child finds nothing       type frees a start (only with rates)      │
     rate-wake      once, when that start frees       wake one child (nothing notifies it) ◀───┘
@@ -71,6 +75,7 @@ SCAN_SHARE = 0.005
 SLOW = 0.02  # a run this short is never capped: it delays a wake-up less than a claim takes
 RECENT = 3  # a capped timer is put off by the least time of its last RECENT runs
 RATE_DUE = "rate-due"
+DUE_WAKE = "due-wake"
 
 
 class ControlDown(DatabaseUnavailable):
@@ -284,12 +289,21 @@ def maintenance_timers(
     supervisor's registered id; without it, no look for supervisors that died. `agings`: the
     served types with priority aging; without any, no aging timer."""
     poll = settings.poll_interval
-    due_wake = Timer("due-wake", lambda now: wake(1), None, next_at=float("inf"))
+
+    def due_woken(now: float) -> None:
+        wake(1)
+        # and ask at once for the next one: a pgq_job_due brings the wake-up forward to its
+        # job, and only the database knows what comes due after it
+        due_jobs_timer.arm(now)
+
+    due_wake = Timer(DUE_WAKE, due_woken, None, next_at=float("inf"))
     rate_wake = Timer("rate-wake", lambda now: wake(1), None, next_at=float("inf"))
 
     def due_jobs(now: float) -> None:
         due = control.run(lambda conn: db.next_due(conn, settings.db_schema, types))
         due_wake.arm(float("inf") if due is None else now + max(0.0, due))
+
+    due_jobs_timer = Timer("due-jobs", due_jobs, poll)
 
     def rate_due(now: float) -> None:
         due = control.run(lambda conn: db.rate_next_due(conn, settings.db_schema, rated))
@@ -338,7 +352,7 @@ def maintenance_timers(
     summary = settings.summary_interval
     timers = [
         Timer("poll", lambda now: wake(1), poll),
-        Timer("due-jobs", due_jobs, poll),
+        due_jobs_timer,
         due_wake,
         *([Timer(RATE_DUE, rate_due, poll), rate_wake] if rated else []),
         # the rescues read every running job's entry in job_running_idx, and every entry of

@@ -58,3 +58,16 @@ def in_order(payload: dict[str, int]) -> dict[str, float]:
     started = time.time()
     time.sleep(0.03)  # the job's simulated work: long enough for runs to overlap if allowed
     return {"start": started, "end": time.time()}
+
+
+@registry.handler("flaky", max_retry_count=2, retry=lambda attempt, rng: 0.3)
+def flaky(payload: object, job: pgq.Job) -> dict[str, float]:
+    """Fails its first attempt; its retry is due 0.3 s later (test_due_wake.py)."""
+    if job.attempt == 1:
+        raise RuntimeError("first attempt fails")
+    return {"ran_at": time.time()}
+
+
+@registry.handler("later")
+def later(payload: object) -> dict[str, float]:
+    return {"ran_at": time.time()}
