@@ -19,6 +19,7 @@ from pgq_supervisor.client import (
     retry_failed,
     set_tenant_weight,
 )
+from pgq_supervisor.connect import connect, connect_async
 from pgq_supervisor.errors import (
     ChildFailed,
     ConfigError,
@@ -83,6 +84,8 @@ __all__ = [
     "WaitTimeout",
     "WorkflowContext",
     "cancel_job",
+    "connect",
+    "connect_async",
     "delete_finished",
     "enqueue",
     "enqueue_async",

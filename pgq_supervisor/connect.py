@@ -1,16 +1,19 @@
 """How a command reaches its database: the configured DSN or the embedded server, checked.
 
-Shared by the `run`/`migrate`/`enqueue` commands (cli.py) and the admin commands (admin/).
+Shared by the `run`/`migrate`/`enqueue` commands (cli.py) and the admin commands (admin/), and
+by the public `pgq.connect()` / `pgq.connect_async()`, which reach the same database.
 """
 
 from __future__ import annotations
 
 import logging
 
+import psycopg
+
 from pgq_supervisor import db
 from pgq_supervisor import schema as migrations
 from pgq_supervisor.errors import PgqError
-from pgq_supervisor.settings import Settings
+from pgq_supervisor.settings import Settings, load_settings
 
 log = logging.getLogger(__name__)
 
@@ -19,11 +22,47 @@ def resolve_dsn(settings: Settings) -> tuple[str, bool]:
     """The configured DSN, or an embedded server's (second value True)."""
     if settings.dsn:
         return settings.dsn, False
-    from pgq_supervisor.embedded import DEFAULT_DATA_DIR, start_embedded
+    from pgq_supervisor.embedded import project_data_dir, start_embedded
 
-    dsn = start_embedded(DEFAULT_DATA_DIR)
-    log.info("no PGQ_DSN set: using the embedded PostgreSQL in %s", DEFAULT_DATA_DIR)
+    data_dir = project_data_dir()
+    dsn = start_embedded(data_dir)
+    log.info("no PGQ_DSN set: using the embedded PostgreSQL in %s", data_dir)
     return dsn, True
+
+
+def _target(dsn: str | None) -> tuple[str, str, bool]:
+    """(DSN, schema, embedded) for connect()/connect_async()."""
+    settings = load_settings(dsn=dsn)
+    found, embedded = resolve_dsn(settings)
+    return found, settings.db_schema, embedded
+
+
+def _migrate_embedded(dsn: str, schema: str) -> None:
+    """Migrate the embedded server's schema, as the CLI does on it (a no-op once it is)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        migrations.migrate(conn, schema)
+
+
+def connect(dsn: str | None = None, *, autocommit: bool = False) -> db.Conn:
+    """A connection to the queue's database: `dsn`, else PGQ_DSN (and the other PGQ_*
+    settings, as the CLI reads them), else the embedded server the supervisor and the CLI use
+    when no DSN is set (the `embedded` extra; started on first use, its data in the project's
+    `.pgq/pgdata`: see docs/guide.md), whose schema it migrates as they do. A plain psycopg
+    connection: use it as any other, and close it (or `with pgq.connect() as conn:`)."""
+    found, schema, embedded = _target(dsn)
+    if embedded:
+        _migrate_embedded(found, schema)
+    conn: db.Conn = psycopg.connect(found, autocommit=autocommit)
+    return conn
+
+
+async def connect_async(dsn: str | None = None, *, autocommit: bool = False) -> db.AsyncConn:
+    """connect() for asyncio: an `AsyncConnection` to the same database."""
+    found, schema, embedded = _target(dsn)
+    if embedded:  # the migrations are synchronous code: a moment, once per server start
+        _migrate_embedded(found, schema)
+    conn: db.AsyncConn = await psycopg.AsyncConnection.connect(found, autocommit=autocommit)
+    return conn
 
 
 # An admin command's one attempt, for a host that does not answer (libpq's least value)

@@ -53,7 +53,7 @@ class Settings(BaseSettings):
     )
 
     dsn: str | None = Field(
-        None, description="PostgreSQL connection string; unset = embedded server in .pgq/pgdata"
+        None, description="PostgreSQL connection string; unset = embedded server (.pgq/pgdata)"
     )
     listen_dsn: str | None = Field(
         None, description="DSN of the supervisor's LISTEN connection only; unset = dsn"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.docblocks import ROOT, DocError, doc_files, parse, run_file
+from tests.support.docblocks import ROOT, DocError, doc_files, parse, run_block, run_file
 
 
 @pytest.mark.parametrize("path", doc_files(), ids=lambda p: str(p.relative_to(ROOT)))
@@ -22,6 +22,23 @@ def test_the_blocks_of_a_doc_run_as_written(
         run_file(path, tmp_path, dsn)
     except DocError as exc:
         pytest.fail(str(exc), pytrace=False)
+
+
+def test_the_readme_hello_world_runs_with_nothing_set_up(tmp_path: Path) -> None:
+    """Zero setup: the hello world's blocks as written, with no PGQ_DSN (the embedded server,
+    started on first use by the CLI, the supervisor and pgq.connect())."""
+    readme = ROOT / "README.md"
+    lines = readme.read_text(encoding="utf-8").splitlines()
+    start = lines.index("## Hello world") + 1
+    end = next(i for i in range(start, len(lines)) if lines[i].startswith("## ")) + 1
+    blocks = [b for b in parse(readme) if start < b.line < end]
+    assert [b.kind for b in blocks] == ["not-run", "file", "file", "shell"]
+    try:
+        outputs = [run_block(block, tmp_path, None) for block in blocks]
+    except DocError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    assert "hello, world" in outputs[-1]
+    assert (tmp_path / ".pgq" / "pgdata" / "PG_VERSION").exists()
 
 
 def _doc(tmp_path: Path, text: str) -> Path:

@@ -114,17 +114,22 @@ def _classify(path: Path, line: int, lang: str, code: str, mark: re.Match[str] |
     )
 
 
-def _env(workdir: Path, dsn: str) -> dict[str, str]:
+def _env(workdir: Path, dsn: str | None) -> dict[str, str]:
+    """`dsn` None: no PGQ_DSN, as on a machine with nothing set up; the embedded server's
+    data then goes in the work directory, not in a project or the user's home."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PGQ_")}
     bindir = str(Path(sys.executable).parent)
     env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
     env["PYTHONPATH"] = str(workdir)
-    env["PGQ_DSN"] = dsn
+    if dsn is None:
+        env["PGQ_EMBEDDED_DIR"] = str(workdir / ".pgq" / "pgdata")
+    else:
+        env["PGQ_DSN"] = dsn
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
 
-def run_block(block: Block, workdir: Path, dsn: str, grace: float = 10.0) -> str:
+def run_block(block: Block, workdir: Path, dsn: str | None, grace: float = 10.0) -> str:
     """Run one block in `workdir`; its output, or DocError naming file:line with the output.
     Each run is its own process group, killed after the block: a block that fails half-way
     leaves no supervisor behind. A process of the block still alive `grace` seconds after it
