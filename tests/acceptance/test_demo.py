@@ -18,7 +18,8 @@ SUMMARY_ROW = re.compile(r"^(demo\.\S+)\s+(\w+)\s+(\d+)\s+(\S+)\s+(\d+)$")
 
 
 def demo_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "pgq_supervisor", "demo", "--procs", "2", *args]
+    """The demo into the test's database (PGQ_DSN): --yes, as a script must say."""
+    return [sys.executable, "-m", "pgq_supervisor", "demo", "--procs", "2", "--yes", *args]
 
 
 def demo_env(dsn: str) -> dict[str, str]:
@@ -118,3 +119,17 @@ def test_demo_shows_the_log_tail_and_fails_when_the_supervisor_dies(
     assert "the supervisor was killed by SIGKILL before the jobs finished" in err
     assert f"lines of {log_path}" in err
     assert "pgq_supervisor." in err, "the log's tail is shown"
+
+
+def test_demo_asks_before_it_writes_into_a_database_pgq_dsn_names(dsn: str, tmp_path: Path) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("DROP SCHEMA pgq CASCADE")  # as a user's own database: no queue in it
+    cmd = [sys.executable, "-m", "pgq_supervisor", "demo", "--jobs", "5"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=demo_env(dsn),
+                          cwd=tmp_path, stdin=subprocess.DEVNULL)  # fmt: skip
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith("error: the demo migrates schema pgq") and "--yes" in line
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT count(*) FROM pg_namespace WHERE nspname = 'pgq'").fetchone()
+    assert row == (0,), "the demo wrote into the database before it was told to"
