@@ -120,7 +120,7 @@ class Results:
 def fmt(value: float | None, unit: str) -> str:
     if value is None or math.isnan(value):
         return "-"
-    if unit == "jobs/s":
+    if unit in ("jobs/s", "B/job", "tuples"):
         return f"{value:,.0f}"
     if unit == "x":
         return f"{value:.2f}"
