@@ -37,19 +37,25 @@ def _lsn(conn: Conn, function: str) -> str:
 
 
 # The WAL records of this database between two positions: those whose blocks are its relations,
-# and the commit records of the transactions that wrote them.
+# and the commit records of the transactions that wrote them. One pass over the records, summed
+# per transaction: no materialized copy of them (millions of records, a purge's, spilled it to
+# disk and took minutes).
 OWN_WAL = """
-WITH r AS (
-    SELECT xid, resource_manager, record_length, fpi_length, block_ref
-    FROM pg_get_wal_records_info(%(start)s::pg_lsn, %(end)s::pg_lsn)
-),
-own AS (SELECT * FROM r WHERE block_ref LIKE '%%/' || %(db)s || '/%%'),
-writers AS (SELECT DISTINCT xid FROM own WHERE xid <> '0'::xid)
-SELECT coalesce(sum(record_length), 0)::bigint, coalesce(sum(fpi_length), 0)::bigint FROM (
-    SELECT record_length, fpi_length FROM own
-    UNION ALL
-    SELECT r.record_length, r.fpi_length FROM r
-    WHERE r.resource_manager = 'Transaction' AND r.xid IN (SELECT xid FROM writers)
+SELECT coalesce(sum(own_len + CASE WHEN wrote THEN commit_len ELSE 0 END), 0)::bigint,
+       coalesce(sum(own_fpi + CASE WHEN wrote THEN commit_fpi ELSE 0 END), 0)::bigint
+FROM (
+    SELECT coalesce(sum(record_length) FILTER (WHERE own), 0) AS own_len,
+           coalesce(sum(fpi_length) FILTER (WHERE own), 0) AS own_fpi,
+           coalesce(sum(record_length) FILTER (WHERE commit AND NOT own), 0) AS commit_len,
+           coalesce(sum(fpi_length) FILTER (WHERE commit AND NOT own), 0) AS commit_fpi,
+           bool_or(own) AND xid <> '0'::xid AS wrote
+    FROM (
+        SELECT xid, record_length, fpi_length,
+               coalesce(block_ref LIKE '%%/' || %(db)s || '/%%', false) AS own,
+               resource_manager = 'Transaction' AS commit
+        FROM pg_get_wal_records_info(%(start)s::pg_lsn, %(end)s::pg_lsn)
+    ) r
+    GROUP BY xid
 ) x
 """
 
