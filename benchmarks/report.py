@@ -126,7 +126,7 @@ def fmt(value: float | None, unit: str) -> str:
         return f"{value:.2f}"
     if unit == "ms":
         return f"{value:.2f}" if value < 100 else f"{value:,.0f}"
-    return f"{value:.1f}"
+    return f"{value:,.1f}"
 
 
 @dataclass(frozen=True, slots=True)
