@@ -9,6 +9,10 @@ database clock. Every job must have succeeded on its first attempt: done exactly
 `waiting=N` (the `deps` group) adds N jobs of the drained type that wait, all through the
 drain, on a job nobody serves: they sit in the table (higher priority than the drained jobs,
 so a claim that walked them would meet them first) and are left out of the counts.
+
+`mark` (the `wal` group, wal.py; peers.py and graphile.py take one too) is called at the
+phases' edges: "enqueue" once the table is empty, "enqueued" when the jobs are in,
+"drain" when the table has settled and the workers are about to start.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import psycopg
 from psycopg.rows import TupleRow
@@ -36,6 +41,13 @@ BLOCKER = "bench_blocker"  # a type no benchmark worker serves
 FINISHED = "bench_finished"  # rows of a deep table, finished before the drain (deep.py)
 # the drained jobs: neither the blocker, the jobs waiting for it, nor finished filler
 DRAINED = f"depends_on IS NULL AND NOT has_dependents AND type <> '{FINISHED}'"
+
+Phase = Literal["enqueue", "enqueued", "drain"]
+Mark = Callable[[Phase], None]  # told when a drain run reaches each phase
+
+
+def no_mark(phase: Phase) -> None:
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,8 +73,11 @@ class Drained:
         }
 
 
-def fill(dsn: str, n: int, job_type: str, payload: JsonValue, waiting: int = 0) -> None:
+def fill(
+    dsn: str, n: int, job_type: str, payload: JsonValue, waiting: int = 0, mark: Mark = no_mark
+) -> None:
     reset(dsn)
+    mark("enqueue")
     with psycopg.connect(dsn) as conn:
         for i in range(0, n, BULK_CHUNK):
             size = min(BULK_CHUNK, n - i)
@@ -75,6 +90,7 @@ def fill(dsn: str, n: int, job_type: str, payload: JsonValue, waiting: int = 0) 
                 size = min(BULK_CHUNK, waiting - i)
                 pgq.enqueue_many(conn, [dependent] * size, schema=SCHEMA)
             conn.commit()
+    mark("enqueued")
     settle(dsn, ["pgq.job"])
 
 
@@ -109,13 +125,15 @@ def run_drain(
     waiting: int = 0,
     prefill: Callable[[], None] | None = None,
     app: str = "benchmarks.apps:registry",
+    mark: Mark = no_mark,
 ) -> Drained:
     """One timed drain of `n` pre-enqueued jobs by a supervisor with `procs` children.
     `prefill` replaces the enqueue of the `n` jobs (deep.py fills the table in SQL)."""
     if prefill is None:
-        fill(dsn, n, job_type, {} if payload is None else payload, waiting)
+        fill(dsn, n, job_type, {} if payload is None else payload, waiting, mark)
     else:
         prefill()
+    mark("drain")
     start_gate = StartGate(dsn, "pgq.job", "pgq-worker") if gate else None
     opened_at: float | None = None
     try:

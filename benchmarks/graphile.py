@@ -58,7 +58,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from benchmarks.apps import NOOP
-from benchmarks.drain import GATE_TIMEOUT, Drained
+from benchmarks.drain import GATE_TIMEOUT, Drained, Mark, no_mark
 from benchmarks.procs import ROOT, BenchError, Process, wait_for
 from benchmarks.report import Json
 from benchmarks.server import StartGate, settle
@@ -255,11 +255,15 @@ def bulk_enqueue(dsn: str, n: int) -> float:
     return n / _enqueue(dsn, n)
 
 
-def drain(dsn: str, n: int, config: Config = BEST) -> Drained:
-    """One timed drain of `n` no-op jobs by `config.procs` graphile-worker processes."""
+def drain(dsn: str, n: int, config: Config = BEST, mark: Mark = no_mark) -> Drained:
+    """One timed drain of `n` no-op jobs by `config.procs` graphile-worker processes; `mark`
+    as drain.run_drain's."""
     _reset(dsn)
+    mark("enqueue")
     _enqueue(dsn, n)
+    mark("enqueued")
     settle(dsn, [JOBS])
+    mark("drain")
     gate = StartGate(dsn, JOBS, APP_NAME)
     cmd = ["node", str(SCRIPT), "drain", node_url(dsn), NOOP, json.dumps(asdict(config))]
     workers = [Process(cmd, "graphile") for _ in range(config.procs)]

@@ -24,7 +24,6 @@ the same from run to run; the images are shown apart.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ from psycopg.rows import TupleRow
 
 import pgq_supervisor as pgq
 from benchmarks.server import Scratch, find_server
+from benchmarks.walcount import flush_lsn, insert_lsn, keep_wal, wal_bytes
 from pgq_supervisor import db
 from pgq_supervisor.jobs import AttemptKind, Job, JobId
 
@@ -63,53 +63,6 @@ class Step:
         return f"| {self.name} | {self.wal / self.jobs:,.0f} | {rest} | {fpi} | {per} |"
 
 
-def _lsn(conn: Conn, flushed: bool = False) -> str:
-    """The WAL insert position, or the flushed one (which pg_walinspect may read up to)."""
-    query = "pg_current_wal_flush_lsn()" if flushed else "pg_current_wal_insert_lsn()"
-    row = conn.execute(f"SELECT {query}::text").fetchone()
-    assert row is not None
-    return str(row[0])
-
-
-# The WAL records of this database between two positions: those whose blocks are its relations,
-# and the commit records of the transactions that wrote them. The server's other databases
-# (another benchmark, a test suite) write into the same WAL; the difference of the two
-# positions would count their records too. Needs pg_walinspect (PostgreSQL 15+ contrib).
-OWN_WAL = """
-WITH r AS (
-    SELECT xid, resource_manager, record_length, fpi_length, block_ref
-    FROM pg_get_wal_records_info(%(start)s::pg_lsn, %(end)s::pg_lsn)
-),
-own AS (SELECT * FROM r WHERE block_ref LIKE '%%/' || %(db)s || '/%%'),
-writers AS (SELECT DISTINCT xid FROM own WHERE xid <> '0'::xid)
-SELECT coalesce(sum(record_length), 0)::bigint, coalesce(sum(fpi_length), 0)::bigint FROM (
-    SELECT record_length, fpi_length FROM own
-    UNION ALL
-    SELECT r.record_length, r.fpi_length FROM r
-    WHERE r.resource_manager = 'Transaction' AND r.xid IN (SELECT xid FROM writers)
-) x
-"""
-
-
-def wal_bytes(conn: Conn, start: str, end: str) -> tuple[int, int]:
-    """WAL bytes this database wrote from `start` to `end`, and the full-page images among
-    them (pg_walinspect); else every database's bytes (the difference of the positions) and
-    -1 when the extension cannot be had."""
-    try:
-        with conn.transaction():
-            conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
-            db_oid = conn.execute(
-                "SELECT oid::text FROM pg_database WHERE datname = current_database()"
-            ).fetchone()
-            assert db_oid is not None
-            row = conn.execute(OWN_WAL, {"start": start, "end": end, "db": db_oid[0]}).fetchone()
-    except psycopg.Error as exc:
-        print(f"pg_walinspect: {exc}", file=sys.stderr)
-        row = conn.execute("SELECT %s::pg_lsn - %s::pg_lsn, -1", (end, start)).fetchone()
-    assert row is not None
-    return int(row[0]), int(row[1])
-
-
 def _xact_versions(conn: Conn) -> dict[str, tuple[int, int, int, int]]:
     rows = conn.execute(
         "SELECT relname, n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del"
@@ -124,7 +77,7 @@ def measure(conn: Conn, name: str, jobs: int, act: Callable[[], object]) -> Step
     """Run `act` in one transaction of `conn` (autocommit off) between two WAL positions."""
     conn.execute("CHECKPOINT")
     conn.commit()
-    start = _lsn(conn)
+    start = insert_lsn(conn)
     # the counters hold what no flush has taken yet, of earlier transactions too; none is taken
     # inside a transaction, so the difference across `act` is its own
     before = _xact_versions(conn)
@@ -137,7 +90,7 @@ def measure(conn: Conn, name: str, jobs: int, act: Callable[[], object]) -> Step
         for rel, counts in after.items()
         if any(diff := tuple(a - b for a, b in zip(counts, before.get(rel, zero), strict=True)))
     }
-    end = _lsn(conn, flushed=True)  # past the step's commit, which waited for its flush
+    end = flush_lsn(conn)  # past the step's commit, which waited for its flush
     wal, fpi = wal_bytes(conn, start, end)
     step = Step(name, jobs, wal, fpi, versions)  # type: ignore[arg-type]
     conn.commit()
@@ -192,13 +145,7 @@ def run(dsn: str, n: int) -> list[Step]:
             conn.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = off)")
         # keeps the WAL of the run on disk until it has been read: a checkpoint another
         # session asks for would otherwise recycle a segment before pg_walinspect reads it
-        try:
-            conn.execute(
-                "SELECT pg_create_physical_replication_slot(%s, true, true)",
-                (f"pgq_lifecycle_wal_{os.getpid()}",),
-            )
-        except psycopg.Error as exc:
-            print(f"no replication slot ({exc}): a step may read as '?'", file=sys.stderr)
+        keep_wal(conn, "lifecycle_wal")
         conn.autocommit = False
         # the plain life: enqueue, claim, heartbeat, success
         steps.append(

@@ -31,9 +31,11 @@ GROUPS = (
     "workflows",
     "fairness",
     "horizon",
+    "wal",
+    "retention",
 )
 # groups run only when named in --only (long, or made for one question)
-OPT_IN = ("deep", "soak", "webidx", "workflows", "fairness", "horizon")
+OPT_IN = ("deep", "soak", "webidx", "workflows", "fairness", "horizon", "retention")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -60,6 +62,8 @@ class Options:
     deep_samples: int
     minutes: float
     horizon_seconds: float
+    wal_jobs: int
+    retention_jobs: int
     supervisor_args: tuple[str, ...]
     output: Path | None
     markdown: bool
@@ -88,6 +92,8 @@ class Options:
             "deep_samples": self.deep_samples,
             "minutes": self.minutes,
             "horizon_seconds": self.horizon_seconds,
+            "wal_jobs": self.wal_jobs,
+            "retention_jobs": self.retention_jobs,
             "supervisor_args": list(self.supervisor_args),
         }
 
@@ -175,6 +181,18 @@ def _parser() -> argparse.ArgumentParser:
         help="horizon: seconds each variant runs, the snapshot held throughout (600)",
     )
     add(
+        "--wal-jobs",
+        type=int,
+        default=50_000,
+        help="wal: no-op jobs enqueued and drained per system and run (50,000)",
+    )
+    add(
+        "--retention-jobs",
+        type=int,
+        default=5_000_000,
+        help="retention: finished jobs in the table, then purged (5,000,000)",
+    )
+    add(
         "--web-jobs",
         type=int,
         default=1_000_000,
@@ -211,7 +229,7 @@ def parse_args(argv: Sequence[str]) -> Options:
         p.error(f"--procs must be comma-separated integers, got {ns.procs!r}")
     counts = [ns.runs, ns.drain_jobs, ns.single_jobs, ns.bulk_jobs, ns.wake_samples, ns.kills,
               ns.cancels, ns.deep_pending, ns.deep_delayed, ns.deep_samples, ns.web_jobs,
-              ns.web_requests]  # fmt: skip
+              ns.web_requests, ns.wal_jobs, ns.retention_jobs]  # fmt: skip
     if not procs or min(procs) < 1 or min(counts) < 1 or ns.cpu_jobs_per_proc < 1:
         p.error("--runs, --procs and every job or sample count must be at least 1")
     if not ns.cpu_ms > 0:
@@ -253,6 +271,8 @@ def parse_args(argv: Sequence[str]) -> Options:
         deep_samples=ns.deep_samples,
         minutes=ns.minutes,
         horizon_seconds=ns.horizon_seconds,
+        wal_jobs=ns.wal_jobs,
+        retention_jobs=ns.retention_jobs,
         supervisor_args=extra,
         output=ns.output,
         markdown=ns.markdown,

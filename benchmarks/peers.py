@@ -36,7 +36,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from benchmarks import graphile
 from benchmarks.apps import NOOP
-from benchmarks.drain import GATE_TIMEOUT, Drained
+from benchmarks.drain import GATE_TIMEOUT, Drained, Mark, no_mark
 from benchmarks.procs import BenchError, Process, wait_for
 from benchmarks.report import Json
 from benchmarks.server import StartGate, settle
@@ -331,18 +331,26 @@ def worker_command(
 
 
 def drain(
-    peer: Peer, dsn: str, n: int, sleep: float = 0.0, max_tasks: int | None = None
+    peer: Peer,
+    dsn: str,
+    n: int,
+    sleep: float = 0.0,
+    max_tasks: int | None = None,
+    mark: Mark = no_mark,
 ) -> Drained:
     """One timed drain of `n` no-op jobs by the peer's recommended worker set-up; `sleep`:
     each job awaits asyncio.sleep that long instead (the `io` group; pgqueuer only), and
     `max_tasks` caps each queue manager's jobs in flight (pgqueuer's max_concurrent_tasks;
-    None: no cap, its default)."""
+    None: no cap, its default); `mark` as drain.run_drain's."""
     if peer == graphile.NAME:
-        return graphile.drain(dsn, n)
+        return graphile.drain(dsn, n, mark=mark)
     _reset(peer, dsn)
+    mark("enqueue")
     _run(peer, lambda: _fill(peer, dsn, n))
+    mark("enqueued")
     table = "pgqueuer" if peer == "pgqueuer" else "procrastinate_jobs"
     settle(dsn, [table])
+    mark("drain")
     procs = PGQUEUER_PROCS if peer == "pgqueuer" else PROCRASTINATE_PROCS
     waiters = procs * (PGQUEUER_MANAGERS if peer == "pgqueuer" else 1)
     gate = StartGate(dsn, table, app_name(peer))

@@ -120,13 +120,13 @@ class Results:
 def fmt(value: float | None, unit: str) -> str:
     if value is None or math.isnan(value):
         return "-"
-    if unit == "jobs/s":
+    if unit in ("jobs/s", "B/job", "tuples"):
         return f"{value:,.0f}"
     if unit == "x":
         return f"{value:.2f}"
     if unit == "ms":
         return f"{value:.2f}" if value < 100 else f"{value:,.0f}"
-    return f"{value:.1f}"
+    return f"{value:,.1f}"
 
 
 @dataclass(frozen=True, slots=True)

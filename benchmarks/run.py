@@ -30,7 +30,9 @@ from benchmarks import (
     horizon,
     peers,
     probes,
+    retention,
     soak,
+    wal,
     web,
     workflows,
 )
@@ -100,6 +102,7 @@ class Bench:
         self.order: list[str | Ratio] = []
         self.active_peers: list[peers.Peer] = []
         self.web_dsn = ""
+        self.wal_dsn: dict[str, str] = {}  # the wal group's database of each system
 
     # ---- plan ----
 
@@ -114,6 +117,11 @@ class Bench:
         if "drain" in o.groups:
             for r in runs:
                 steps += self.drain_steps(r, active_peers)
+        if "wal" in o.groups:
+            wal_peers = [p for p in active_peers if p in wal.WAL_PEERS]
+            steps.append(Step("set up the wal group's databases", self.wal_setup, ()))
+            for r in runs:
+                steps += [self.wal_step(r, peer) for peer in (None, *wal_peers)]
         if "webidx" in o.groups:
             for r in runs:
                 steps += self.webidx_steps(r)
@@ -158,6 +166,9 @@ class Bench:
         if "deep" in o.groups:
             for r in runs:
                 steps += self.deep_steps(r)
+        if "retention" in o.groups:
+            for r in runs:
+                steps.append(self.retention_step(r))
         if "soak" in o.groups:
             for r in runs:
                 steps.append(self.soak_step(r))
@@ -172,7 +183,7 @@ class Bench:
         return steps
 
     def usable_peers(self) -> list[peers.Peer]:
-        if not self.opts.peers or not {"enqueue", "drain", "io"} & set(self.opts.groups):
+        if not self.opts.peers or not {"enqueue", "drain", "io", "wal"} & set(self.opts.groups):
             return []
         usable: list[peers.Peer] = []
         for peer in peers.PEERS:
@@ -189,6 +200,8 @@ class Bench:
             else:
                 for key, label in self.peer_labels(peer).items():
                     self.results.measure(key, label, "jobs/s").errors.append(reason)
+                if "wal" in self.opts.groups and peer in wal.WAL_PEERS:
+                    self.wal_measures(peer)["total"].errors.append(reason)
         return usable
 
     def peer_labels(self, peer: peers.Peer) -> dict[str, str]:
@@ -240,6 +253,8 @@ class Bench:
             target = Target(">=", 1.5) if p == "pgqueuer" else None
             best = " best" if p == "graphile-worker" else ""  # its best configuration (graphile.py)
             self.order.append(Ratio(f"ours / {p}{best}", tuple(drains), f"peer.{p}.drain", target))
+        if "wal" in self.opts.groups:
+            self.order += self.wal_layout([p for p in shown if p in wal.WAL_PEERS])
         if "webidx" in self.opts.groups:
             self.order += [
                 "webidx.plain",
@@ -331,6 +346,8 @@ class Bench:
                 "deep.next_due",
                 "deep.claim",
             ]
+        if "retention" in self.opts.groups:
+            self.order += ["retention.seconds", "retention.wal", "retention.dead"]
         if "soak" in self.opts.groups:
             self.order += ["soak.throughput", "soak.size", "soak.backlog"]
         if "workflows" in self.opts.groups:
@@ -674,6 +691,99 @@ class Bench:
                           f"horizon.clean.{key}", target)
                 )  # fmt: skip
         return order
+
+    def wal_measures(self, system: str) -> dict[str, Measure]:
+        who = "ours (enqueue_many, --procs 2)" if system == wal.OURS else system
+        figures = (
+            ("enqueue", f"WAL per job, enqueue, {who}"),
+            ("drain", f"WAL per job, drain, {who}"),
+            ("total", f"WAL per job, enqueue + drain, {who}"),
+            ("retained", f"schema bytes per retained job after the drain, {who}"),
+        )
+        return {
+            key: self.results.measure(f"wal.{system}.{key}", label, "B/job")
+            for key, label in figures
+        }
+
+    def wal_layout(self, shown: Sequence[str]) -> list[str | Ratio]:
+        """Each system's four figures, then ours / each peer: WAL (issue 35's target against
+        graphile-worker) and retained bytes."""
+        order: list[str | Ratio] = []
+        for system in (wal.OURS, *shown):
+            order += [f"wal.{system}.{key}" for key in ("enqueue", "drain", "total", "retained")]
+        for p in shown:
+            target = Target("<=", 0.7) if p == "graphile-worker" else None
+            order.append(
+                Ratio(f"ours / {p}, WAL enqueue + drain", ("wal.pgq.total",), f"wal.{p}.total",
+                      target)
+            )  # fmt: skip
+            order.append(
+                Ratio(f"ours / {p}, schema bytes per retained job", ("wal.pgq.retained",),
+                      f"wal.{p}.retained")
+            )  # fmt: skip
+        return order
+
+    def wal_setup(self) -> str:
+        self.wal_dsn[wal.OURS] = self.scratch.create(f"wal_{wal.OURS}", migrate=True)
+        for peer in self.active_peers:
+            if peer in wal.WAL_PEERS:
+                self.wal_dsn[peer] = dsn = self.scratch.create(f"wal_{peer}")
+                peers.install(peer, dsn)
+        return ", ".join(self.wal_dsn)
+
+    def wal_step(self, r: int, peer: peers.Peer | None) -> Step:
+        """One run of the wal group: ours (`peer` None) or a peer's."""
+        o = self.opts
+        system = peer or wal.OURS
+        ms = self.wal_measures(system)
+
+        def action() -> str:
+            dsn = self.wal_dsn[system]
+            if peer is None:
+                w = wal.run_ours(
+                    dsn, o.wal_jobs, gate=o.start_gate, supervisor_args=o.supervisor_args
+                )
+            else:
+                w = wal.run_peer(peer, dsn, o.wal_jobs)
+            ms["enqueue"].add(w.enqueue_per_job, w.details())
+            ms["drain"].add(w.drain_per_job)
+            ms["total"].add(w.total_per_job)
+            ms["retained"].add(w.retained_per_job)
+            return w.summary()
+
+        what = peer or "ours, --procs 2"
+        return Step(
+            f"run {r}/{o.runs} wal: {o.wal_jobs:,} no-op jobs enqueued and drained, {what}",
+            action,
+            tuple(ms.values()),
+        )
+
+    def retention_step(self, r: int) -> Step:
+        o = self.opts
+        n = o.retention_jobs
+        res = self.results
+        what = f"purge of {n:,} finished jobs (CLI purge: today's DELETE)"
+        seconds = res.measure("retention.seconds", f"{what}: seconds", "s", Target("<=", 1))
+        wal_mb = res.measure("retention.wal", f"{what}: WAL", "MB", Target("<=", 10))
+        dead = res.measure("retention.dead", f"{what}: dead tuples left", "tuples", Target("<=", 0))
+
+        def action() -> str:
+            if not self.wal_dsn.get("retention"):
+                self.wal_dsn["retention"] = self.scratch.create("retention", migrate=True)
+            t = retention.run_retention(self.wal_dsn["retention"], n)
+            seconds.add(t.seconds, t.details())
+            wal_mb.add(t.wal / retention.MB)
+            dead.add(t.dead_tuples)
+            return (
+                f"{t.seconds:.1f} s, {t.wal / retention.MB:,.1f} MB of WAL,"
+                f" {t.dead_tuples:,} dead tuples left (set-up {t.setup_seconds:.0f} s)"
+            )
+
+        return Step(
+            f"run {r}/{o.runs} retention: {n:,} finished jobs (set-up in SQL), then purged",
+            action,
+            (seconds, wal_mb, dead),
+        )
 
     def hol_steps(self, r: int) -> list[Step]:
         """One slow job among fast ones of its type (issue 20): how long the fast ones take at
