@@ -30,7 +30,9 @@ from psycopg.pq import TransactionStatus
 from pgq_supervisor import db
 from pgq_supervisor.errors import DatabaseError, InvalidInput, JobNotFound
 from pgq_supervisor.frameworks import AsyncConnLike, ConnLike, as_psycopg, as_psycopg_async
-from pgq_supervisor.jobs import JobId, JobRecord, JobState
+from pgq_supervisor.ids import job_id as parse_job_id
+from pgq_supervisor.ids import job_ids as parse_job_ids
+from pgq_supervisor.jobs import IdLike, JobId, JobRecord, JobState
 
 STOPPED_CHANNEL = "pgq_job_stopped"
 PROGRESS_CHANNEL = "pgq_job_progress"
@@ -150,7 +152,7 @@ class _Waiting:
 
 def wait(
     conn: ConnLike,
-    job_id: JobId,
+    job_id: IdLike,
     timeout: float | None = None,
     *,
     on_progress: OnProgress | None = None,
@@ -158,24 +160,27 @@ def wait(
 ) -> JobRecord:
     """Block until the job is succeeded, failed or cancelled; return its record.
 
-    A job already finished returns at once. TimeoutError after `timeout` seconds, JobNotFound
-    for an unknown id (or one deleted meanwhile), InvalidInput if `conn` is in a transaction.
+    `job_id` is a UUID or its string form. A job already finished returns at once.
+    TimeoutError after `timeout` seconds, JobNotFound for an unknown id (or one deleted
+    meanwhile), InvalidInput for an id that is not one or if `conn` is in a transaction.
     """
-    return wait_many(conn, [job_id], timeout, on_progress=on_progress, schema=schema)[0]
+    one = [parse_job_id(job_id)]
+    return wait_many(conn, one, timeout, on_progress=on_progress, schema=schema)[0]
 
 
 def wait_many(
     conn: ConnLike,
-    ids: Sequence[JobId],
+    ids: Sequence[IdLike],
     timeout: float | None = None,
     *,
     on_progress: OnProgress | None = None,
     schema: str | None = None,
 ) -> list[JobRecord]:
     """`wait` for every job of `ids` (one connection, one LISTEN); records in input order."""
+    job_ids = parse_job_ids(ids)
     conn = as_psycopg(conn)
     s = schema or db.default_schema()
-    w = _Waiting(ids, timeout)
+    w = _Waiting(job_ids, timeout)
     with _listening(conn, _channels(on_progress)):
         w.settle(set(w.remaining), db.job_states(conn, s, list(w.remaining)))
         while w.remaining:
@@ -194,29 +199,31 @@ def wait_many(
 
 async def wait_async(
     conn: AsyncConnLike,
-    job_id: JobId,
+    job_id: IdLike,
     timeout: float | None = None,
     *,
     on_progress: OnProgress | None = None,
     schema: str | None = None,
 ) -> JobRecord:
     """`wait` on a psycopg.AsyncConnection."""
-    records = await wait_many_async(conn, [job_id], timeout, on_progress=on_progress, schema=schema)
+    one = [parse_job_id(job_id)]
+    records = await wait_many_async(conn, one, timeout, on_progress=on_progress, schema=schema)
     return records[0]
 
 
 async def wait_many_async(
     conn: AsyncConnLike,
-    ids: Sequence[JobId],
+    ids: Sequence[IdLike],
     timeout: float | None = None,
     *,
     on_progress: OnProgress | None = None,
     schema: str | None = None,
 ) -> list[JobRecord]:
     """`wait_many` on a psycopg.AsyncConnection."""
+    job_ids = parse_job_ids(ids)
     conn = await as_psycopg_async(conn)
     s = schema or db.default_schema()
-    w = _Waiting(ids, timeout)
+    w = _Waiting(job_ids, timeout)
     async with _listening_async(conn, _channels(on_progress)):
         w.settle(set(w.remaining), await db.job_states_async(conn, s, list(w.remaining)))
         while w.remaining:

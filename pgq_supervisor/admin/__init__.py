@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TypeVar
 
-from pgq_supervisor import db
+from pgq_supervisor import db, ids
 from pgq_supervisor.admin import doctor as admin_doctor
 from pgq_supervisor.admin import schedules as admin_schedules
 from pgq_supervisor.admin import schema as admin_schema
@@ -125,8 +124,8 @@ def add_commands(sub: argparse._SubParsersAction[Parser], common: Parser) -> Non
 
 def _job_id(text: str) -> JobId:
     try:
-        return JobId(uuid.UUID(text))
-    except ValueError:
+        return ids.job_id(text)
+    except InvalidInput:
         raise argparse.ArgumentTypeError(f"not a job id (a UUID): {text!r}") from None
 
 
