@@ -20,7 +20,14 @@ from setproctitle import getproctitle
 from pgq_supervisor import admin, db
 from pgq_supervisor import schema as migrations
 from pgq_supervisor.connect import open_db, resolve_dsn
-from pgq_supervisor.errors import AppLoadError, ConfigError, ExitCode, InvalidInput, PgqError
+from pgq_supervisor.errors import (
+    AppLoadError,
+    ConfigError,
+    ExitCode,
+    InvalidInput,
+    PgqError,
+    install_hint,
+)
 from pgq_supervisor.jobs import NewJob
 from pgq_supervisor.logs import setup_logging
 from pgq_supervisor.redaction import hide_password
@@ -327,7 +334,7 @@ def cmd_dashboard(args: argparse.Namespace, settings: Settings) -> int:
         from pgq_supervisor.web.access import RequestLog
     except ImportError as exc:
         raise ConfigError(
-            f"the dashboard needs the web extra (pip install 'pgq-supervisor[web]'): {exc}"
+            f"the dashboard needs the web extra ({install_hint('web')}): {exc}"
         ) from None
     if not 0 < args.port < 65536:
         raise ConfigError(f"invalid port {args.port}: must be 1 to 65535")
