@@ -65,6 +65,11 @@ class DatabaseUnavailable(DatabaseError):
     """The database could not be reached; the message tells host, auth and database apart."""
 
 
+class SchemaNotMigrated(DatabaseError):
+    """The queue's schema is missing from the database, or older than this code: the message
+    says to run `python -m pgq_supervisor migrate` (or `pgq.migrate(conn)`)."""
+
+
 class ConnectionShortage(PgqError):
     """The database has too few free connections for the supervisor now (its limits could
     hold it: a ConfigError says when they could not)."""

@@ -19,7 +19,12 @@ from psycopg.types.json import JsonbLoader, JsonLoader
 
 from pgq_supervisor import sql as queries
 from pgq_supervisor.backoff import Backoff
-from pgq_supervisor.errors import DatabaseError, DatabaseUnavailable, InvalidInput
+from pgq_supervisor.errors import (
+    DatabaseError,
+    DatabaseUnavailable,
+    InvalidInput,
+    SchemaNotMigrated,
+)
 from pgq_supervisor.redaction import hide_password, redact
 
 Conn = psycopg.Connection[TupleRow]
@@ -59,7 +64,26 @@ def wrapped() -> Iterator[None]:
     except pg_errors.CheckViolation as exc:
         raise InvalidInput(f"rejected by the database: {exc.diag.message_primary}") from exc
     except psycopg.Error as exc:
+        if _schema_missing(exc):
+            raise SchemaNotMigrated(f"{_one_line(exc)}: {NOT_MIGRATED}") from exc
         raise DatabaseError(_one_line(exc)) from exc
+
+
+NOT_MIGRATED = (
+    "the queue's schema is missing or older than this code:"
+    " run `python -m pgq_supervisor migrate` (or pgq.migrate(conn)) first"
+)
+
+
+def _schema_missing(exc: psycopg.Error) -> bool:
+    """Whether a statement of ours failed for want of the schema's objects: its tables, its
+    schema, its functions (not an operator: a bad parameter type says that too), its columns
+    (a schema older than the code)."""
+    if isinstance(exc, pg_errors.UndefinedFunction):
+        return (exc.diag.message_primary or "").startswith("function ")
+    return isinstance(
+        exc, pg_errors.UndefinedTable | pg_errors.InvalidSchemaName | pg_errors.UndefinedColumn
+    )
 
 
 def _one_line(exc: psycopg.Error) -> str:
