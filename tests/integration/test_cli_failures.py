@@ -7,7 +7,9 @@ password; absurd input (60,000-deep JSON, a lone surrogate, a delay of 1e12 s) i
 
 from __future__ import annotations
 
+import re
 import socket
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +20,8 @@ from psycopg.conninfo import make_conninfo
 from pgq_supervisor.db import Conn
 from tests.integration.test_admin_cli import cli, fails
 from tests.support.db import count_rows
-from tests.support.processes import APP, ROOT, run_cli
+from tests.support.processes import APP, ROOT, Supervisor, run_cli
+from tests.support.waiting import wait_for
 
 FAST_ENOUGH = 3.0  # seconds, the whole command: interpreter start-up, imports, the attempt
 ADMIN = [
@@ -69,8 +72,45 @@ def test_run_still_waits_for_the_database_at_start_up(dsn: str) -> None:
     started = time.monotonic()
     result = run_cli(["run", "--app", APP, "--connect-timeout", "2"], refused, timeout=60)
     took = time.monotonic() - started
-    fails(result, 1, r"server not reachable")
+    waiting, _ = result.stderr.splitlines()  # the wait said at once, then its one error
+    assert "waiting for the database at 127.0.0.1:1" in waiting
+    fails(_last_line(result), 1, "server not reachable")
     assert took >= 1.5, f"run gave up after {took:.1f} s: it retries up to connect_timeout"
+
+
+def _last_line(result: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
+    """`result` with only its last stderr line, for `fails` (the lines before are logs)."""
+    return subprocess.CompletedProcess(
+        result.args, result.returncode, result.stdout, result.stderr.splitlines()[-1]
+    )
+
+
+def test_run_says_at_once_that_it_waits_for_the_database(dsn: str) -> None:
+    """Issue 36: not 15 s of silence, then one line: a line naming the host and port (never the
+    password) while it still waits, then its one error line as before."""
+    refused = make_conninfo(dsn, host="127.0.0.1", port="1", password="s3cret-pw")
+    sup = Supervisor(refused, APP, "--connect-timeout", "8")
+    try:
+        line = wait_for(
+            "the supervisor's waiting line",
+            lambda: next((ln for ln in sup.log().splitlines() if "waiting for" in ln), None),
+            timeout=6,  # well inside the 8 s it waits: said at the start, not at the end
+        )
+        assert sup.proc.poll() is None, sup.log()
+        assert re.search(
+            r"WARNING .*waiting for the database at 127\.0\.0\.1:1 \(server not reachable\):"
+            r" retrying for up to 8 s$",
+            line,
+        ), line
+        assert sup.wait(timeout=30) == 1
+        lines = sup.log().splitlines()
+        assert len(lines) == 2 and lines[0] == line, lines
+        assert (
+            lines[1].startswith("error: cannot connect to ") and "server not reachable" in lines[1]
+        )
+        assert "s3cret-pw" not in sup.log()
+    finally:
+        sup.close()
 
 
 # ---- the app ----
