@@ -30,6 +30,7 @@ from pgq_supervisor.admin.control import (
     paused_lines,
 )
 from pgq_supervisor.admin.show import cmd_show
+from pgq_supervisor.admin.unserved import coverage
 from pgq_supervisor.connect import open_db
 from pgq_supervisor.display import progress_cell
 from pgq_supervisor.errors import InvalidInput, InvalidTransition
@@ -155,7 +156,10 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
         stats = db.queue_stats(conn, settings.db_schema)
         controls = db.type_controls(conn, settings.db_schema)
         limits = db.type_limits(conn, settings.db_schema)
+        supervisors = db.list_supervisors(conn, settings.db_schema)
     rows = _status_rows(stats)
+    pending = {r.type: r.counts[JobState.PENDING] for r in rows}
+    served = coverage(pending, supervisors, settings.heartbeat_interval)
     total = _StatusRow("TOTAL")
     for r in rows:
         total.add(r)
@@ -166,6 +170,7 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
                 "total": {k: v for k, v in total.to_json().items() if k != "type"},
                 "paused": paused_json(controls),
                 "limits": limits_json(limits),
+                **served.to_json(),
             }
         )
         return 0
@@ -178,7 +183,7 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     if len(rows) > 1:
         body.append(total.cells())
     table = _table([*headers, "OLDEST READY"], body, left=1)
-    print("\n".join([table, *paused_lines(controls), *limits_lines(limits)]))
+    print("\n".join([table, *served.lines(), *paused_lines(controls), *limits_lines(limits)]))
     return 0
 
 

@@ -180,6 +180,41 @@ def test_status_shows_jobs_waiting_for_dependencies(dsn: str, conn: Conn) -> Non
     assert ok(cli(dsn, "depth")) == "1\n"
 
 
+def _supervisor(conn: Conn, id_: str, types: list[str]) -> None:
+    """A supervisor's row as a live one writes it (schema/0010)."""
+    db.register_supervisor(
+        conn, "pgq", id=id_, host="h", pid=1, procs=1, types=types,
+        started_at=db.db_now(conn, "pgq"), children=[],
+    )  # fmt: skip
+
+
+def test_status_names_pending_types_no_live_supervisor_serves(dsn: str, conn: Conn) -> None:
+    """Issue 36: a misspelt type is not ordinary pending work that waits in silence."""
+    pgq.enqueue(conn, "gret", {})
+    assert ok(cli(dsn, "status")).splitlines()[2:] == [
+        "no live supervisor is registered: 1 pending job waits for one"
+    ]
+    _supervisor(conn, "a", ["greet", "resize"])
+    _supervisor(conn, "dead", ["gret"])  # its row went stale: it serves nothing
+    conn.execute("UPDATE pgq.supervisor SET seen_at = now() - interval '1 hour' WHERE id = 'dead'")
+    pgq.enqueue_many(conn, [pgq.NewJob("greet"), pgq.NewJob("gret"), pgq.NewJob("zzz")])
+    finished(conn, "old", JobState.FAILED)  # nothing pending: not named
+    lines = ok(cli(dsn, "status")).splitlines()
+    assert [ln for ln in lines if ln.startswith("unserved")] == [
+        "unserved: gret: 2 pending jobs, no live supervisor serves this type (did you mean greet?)",
+        "unserved: zzz: 1 pending job, no live supervisor serves this type",
+    ]
+    doc = ok_json(cli(dsn, "status", "--json"))
+    assert (doc["live_supervisors"], doc["served"]) == (1, ["greet", "resize"])
+    assert doc["unserved"] == [
+        {"type": "gret", "pending": 2, "did_you_mean": "greet"},
+        {"type": "zzz", "pending": 1, "did_you_mean": None},
+    ]
+    _supervisor(conn, "b", ["gret", "zzz"])
+    assert not any("unserved" in ln for ln in ok(cli(dsn, "status")).splitlines())
+    assert ok_json(cli(dsn, "status", "--json"))["unserved"] == []
+
+
 def test_status_of_an_empty_queue(dsn: str) -> None:
     assert ok(cli(dsn, "status")) == "no jobs\n"
     doc = ok_json(cli(dsn, "status", "--json"))
