@@ -7,6 +7,7 @@ the worker, the executor and the supervisor ask it rather than each working it o
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib
 import inspect
 import math
@@ -410,6 +411,17 @@ def _where(exc: BaseException) -> str:
 _NOT_THE_APP = {__file__, importlib.__file__}
 
 
+def _did_you_mean(obj: object, name: str) -> str:
+    """` (did you mean 'registry'?)` for a mistyped attribute of `obj`: a Registry's name
+    first, else any public name close to it; "" when nothing is close."""
+    names = [n for n in dir(obj) if not n.startswith("_")]
+    registries = [n for n in names if isinstance(getattr(obj, n, None), Registry)]
+    close = difflib.get_close_matches(name, registries, n=1) or difflib.get_close_matches(
+        name, names, n=1
+    )
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def load_registry(target: str) -> Registry:
     """Import `pkg.module:attribute` and return the Registry it names. AppLoadError if not."""
     module_name, sep, attr = target.partition(":")
@@ -429,7 +441,10 @@ def load_registry(target: str) -> Registry:
         try:
             obj = getattr(obj, part)
         except AttributeError:
-            raise AppLoadError(f"app module {module_name!r} has no attribute {attr!r}") from None
+            hint = _did_you_mean(obj, part)
+            raise AppLoadError(
+                f"app module {module_name!r} has no attribute {attr!r}{hint}"
+            ) from None
     if not isinstance(obj, Registry):
         raise AppLoadError(f"{target!r} is a {type(obj).__name__}, not a pgq_supervisor.Registry")
     if not obj.handlers:

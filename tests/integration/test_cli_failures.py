@@ -147,6 +147,47 @@ def test_an_app_that_fails_to_import_says_what_and_where(
     assert last.startswith(f"error: cannot import app module '{module}'"), last
 
 
+@pytest.mark.parametrize(
+    ("target", "hint"),
+    [
+        ("pgq_test_app:regsitry", " (did you mean 'registry'?)"),
+        ("pgq_test_app:Registry", " (did you mean 'registry'?)"),  # a Registry comes first
+        ("pgq_test_app:zzzz", ""),  # nothing close: no guess
+    ],
+)
+def test_a_mistyped_app_attribute_says_did_you_mean(dsn: str, target: str, hint: str) -> None:
+    """Issue 36: `--app hello:regsitry` names the attribute it probably meant."""
+    attr = target.partition(":")[2]
+    result = run_cli(["run", "--app", target], dsn)
+    line = fails(result, 3, f"has no attribute '{attr}'")
+    assert line == f"error: app module 'pgq_test_app' has no attribute '{attr}'{hint}"
+
+
+@pytest.mark.parametrize(
+    ("word", "said"),
+    [
+        ("stauts", "unknown command 'stauts', did you mean status? (see --help)"),
+        ("shwo", "unknown command 'shwo', did you mean show? (see --help)"),
+        ("migrat", "unknown command 'migrat', did you mean migrate? (see --help)"),
+        ("xyzzy", "unknown command 'xyzzy' (commands: run, migrate, enqueue, "),
+        # a DSN given where a command goes: named, its password not shown
+        ("postgresql://u:s3cret@h/db", "unknown command '***' (commands: run, "),
+    ],
+)
+def test_a_mistyped_command_says_did_you_mean(word: str, said: str) -> None:
+    """Issue 36: `run` is the default command, but a word that is no command is not taken for
+    an argument of `run` ("unrecognized arguments: stauts")."""
+    result = run_cli([word, "--json"])
+    line = fails(result, 2, "unknown command")
+    assert line.startswith(f"error: {said}"), line
+    assert "s3cret" not in result.stderr
+
+
+def test_flags_alone_still_run_the_default_command(dsn: str) -> None:
+    result = run_cli(["--procs", "0", "--app", APP], dsn)
+    fails(result, 2, "invalid setting procs")
+
+
 @pytest.mark.parametrize("target", ["pgq_test_app", "pgq_test_app:", ":registry"])
 def test_an_app_without_module_and_attribute_is_bad_usage(dsn: str, target: str) -> None:
     result = run_cli(["run", "--app", target], dsn)
