@@ -37,6 +37,9 @@ from pgq_supervisor.jobs import IdLike, JobId, JobRecord, JobState
 STOPPED_CHANNEL = "pgq_job_stopped"
 PROGRESS_CHANNEL = "pgq_job_progress"
 SAFETY_RECHECK = 5.0  # seconds between re-reads of every job still waited on
+# A timeout names the pending types no supervisor seen this recently serves (the supervisor
+# table, schema/0010: a live one refreshes its row every heartbeat interval, 1 s by default)
+UNSERVED_SEEN_WITHIN = 60.0
 
 OnProgress = Callable[[JobRecord], None]
 
@@ -117,18 +120,31 @@ class _Waiting:
             raise JobNotFound(f"no job with id {min(missing, key=str)}")
         self.remaining -= {i for i in checked if states[i].is_terminal}
 
-    def sleep_for(self) -> float:
-        """How long to wait for a notification now; TimeoutError when time is up."""
+    def sleep_for(self) -> float | None:
+        """How long to wait for a notification now; None when time is up."""
         if self.deadline is None:
             return SAFETY_RECHECK
         left = self.deadline - time.monotonic()
-        if left <= 0:
-            n = len(self.remaining)
-            raise TimeoutError(
-                f"{n} job{'s' if n != 1 else ''} still unfinished after {self.timeout} s"
-                f" (e.g. {min(self.remaining, key=str)})"
+        return None if left <= 0 else min(left, SAFETY_RECHECK)
+
+    def unfinished(self) -> list[JobId]:
+        return sorted(self.remaining, key=str)
+
+    def timed_out(self, unserved: Sequence[str]) -> TimeoutError:
+        """The error of a timeout; `unserved`: the pending types of the jobs still waited on
+        that no live supervisor serves (a misspelt type waits forever: say so)."""
+        n = len(self.remaining)
+        hint = ""
+        if unserved:
+            names = ", ".join(repr(t) for t in unserved)
+            hint = (
+                f"; no supervisor seen in the last {UNSERVED_SEEN_WITHIN:g} s serves"
+                f" type{'s' if len(unserved) != 1 else ''} {names}"
             )
-        return min(left, SAFETY_RECHECK)
+        return TimeoutError(
+            f"{n} job{'s' if n != 1 else ''} still unfinished after {self.timeout} s"
+            f" (e.g. {min(self.remaining, key=str)}){hint}"
+        )
 
     def named(self, notes: list[psycopg.Notify]) -> tuple[set[JobId], set[JobId]]:
         """(stopped, progressed): the jobs waited on that the notifications name."""
@@ -185,6 +201,9 @@ def wait_many(
         w.settle(set(w.remaining), db.job_states(conn, s, list(w.remaining)))
         while w.remaining:
             pause = w.sleep_for()
+            if pause is None:
+                unserved = db.unserved_types(conn, s, w.unfinished(), UNSERVED_SEEN_WITHIN)
+                raise w.timed_out(unserved)
             with db.wrapped():
                 notes = list(conn.notifies(timeout=pause, stop_after=1))
             stopped, progressed = w.named(notes)
@@ -228,6 +247,11 @@ async def wait_many_async(
         w.settle(set(w.remaining), await db.job_states_async(conn, s, list(w.remaining)))
         while w.remaining:
             pause = w.sleep_for()
+            if pause is None:
+                unserved = await db.unserved_types_async(
+                    conn, s, w.unfinished(), UNSERVED_SEEN_WITHIN
+                )
+                raise w.timed_out(unserved)
             with db.wrapped():
                 notes = [n async for n in conn.notifies(timeout=pause, stop_after=1)]
             stopped, progressed = w.named(notes)
