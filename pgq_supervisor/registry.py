@@ -7,7 +7,6 @@ the worker, the executor and the supervisor ask it rather than each working it o
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import importlib
 import inspect
 import math
@@ -16,6 +15,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
+from difflib import get_close_matches
 from typing import TypeVar
 
 import pydantic
@@ -412,13 +412,10 @@ _NOT_THE_APP = {__file__, importlib.__file__}
 
 
 def _did_you_mean(obj: object, name: str) -> str:
-    """` (did you mean 'registry'?)` for a mistyped attribute of `obj`: a Registry's name
-    first, else any public name close to it; "" when nothing is close."""
+    """` (did you mean 'registry'?)` for a mistyped attribute of `obj`: a Registry first."""
     names = [n for n in dir(obj) if not n.startswith("_")]
     registries = [n for n in names if isinstance(getattr(obj, n, None), Registry)]
-    close = difflib.get_close_matches(name, registries, n=1) or difflib.get_close_matches(
-        name, names, n=1
-    )
+    close = get_close_matches(name, registries, n=1) or get_close_matches(name, names, n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
@@ -441,10 +438,8 @@ def load_registry(target: str) -> Registry:
         try:
             obj = getattr(obj, part)
         except AttributeError:
-            hint = _did_you_mean(obj, part)
-            raise AppLoadError(
-                f"app module {module_name!r} has no attribute {attr!r}{hint}"
-            ) from None
+            why = f"app module {module_name!r} has no attribute {attr!r}"
+            raise AppLoadError(why + _did_you_mean(obj, part)) from None
     if not isinstance(obj, Registry):
         raise AppLoadError(f"{target!r} is a {type(obj).__name__}, not a pgq_supervisor.Registry")
     if not obj.handlers:
