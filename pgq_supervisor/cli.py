@@ -7,6 +7,7 @@ error is one line on stderr.
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import logging
 import os
@@ -20,7 +21,14 @@ from setproctitle import getproctitle
 from pgq_supervisor import admin, db
 from pgq_supervisor import schema as migrations
 from pgq_supervisor.connect import open_db, resolve_dsn
-from pgq_supervisor.errors import AppLoadError, ConfigError, ExitCode, InvalidInput, PgqError
+from pgq_supervisor.errors import (
+    AppLoadError,
+    ConfigError,
+    ExitCode,
+    InvalidInput,
+    PgqError,
+    install_hint,
+)
 from pgq_supervisor.jobs import NewJob
 from pgq_supervisor.logs import setup_logging
 from pgq_supervisor.redaction import hide_password, redact
@@ -141,6 +149,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     getproctitle()
     args_list = list(sys.argv[1:] if argv is None else argv)
     if not args_list or (args_list[0] not in COMMANDS and args_list[0] not in ("-h", "--help")):
+        if args_list and not args_list[0].startswith("-"):
+            # `run` (the default) takes no positional argument: a word here is a command
+            return _fail(ExitCode.USAGE, _unknown_command(args_list[0]), args_list[:1])
         args_list.insert(0, "run")
     parser = build_parser()
     args = parser.parse_args(args_list)
@@ -169,6 +180,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(ExitCode.FAILURE, str(exc), dsns)
     except KeyboardInterrupt:
         return ExitCode.INTERRUPTED
+
+
+def _unknown_command(word: str) -> str:
+    close = difflib.get_close_matches(word, COMMANDS, n=1)
+    if close:
+        return f"unknown command {word!r}, did you mean {close[0]}? (see --help)"
+    return f"unknown command {word!r} (commands: {', '.join(COMMANDS)}; see --help)"
 
 
 def _fail(code: ExitCode, message: str, dsns: Sequence[object]) -> int:
@@ -349,7 +367,7 @@ def cmd_dashboard(args: argparse.Namespace, settings: Settings) -> int:
         from pgq_supervisor.web.access import RequestLog
     except ImportError as exc:
         raise ConfigError(
-            f"the dashboard needs the web extra (pip install 'pgq-supervisor[web]'): {exc}"
+            f"the dashboard needs the web extra ({install_hint('web')}): {exc}"
         ) from None
     if not 0 < args.port < 65536:
         raise ConfigError(f"invalid port {args.port}: must be 1 to 65535")

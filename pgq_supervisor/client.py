@@ -10,15 +10,15 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Literal, TypedDict, Unpack, overload
 
-from pgq_supervisor import db
+from pgq_supervisor import db, ids
 from pgq_supervisor import schema as migrations
 from pgq_supervisor.errors import InvalidInput, InvalidTransition
 from pgq_supervisor.frameworks import AsyncConnLike, ConnLike, as_psycopg, as_psycopg_async
 from pgq_supervisor.jobs import (
     TERMINAL_STATES,
     Bundle,
-    BundleId,
     DependencyFailure,
+    IdLike,
     JobId,
     JobRecord,
     JobState,
@@ -42,7 +42,7 @@ class EnqueueOptions(TypedDict, total=False):
     unique_key: str | None
     origin: str | None
     timeout: float | None
-    depends_on: Sequence[JobId]
+    depends_on: Sequence[IdLike]
     on_dependency_failure: DependencyFailure
     concurrency_key: str | None
     unique_for: float | timedelta | None
@@ -77,7 +77,7 @@ def _new_job(
     unique_key: str | None,
     origin: str | None,
     timeout: float | None,
-    depends_on: Sequence[JobId],
+    depends_on: Sequence[IdLike],
     on_dependency_failure: DependencyFailure,
     concurrency_key: str | None,
     **options: Unpack[JobOptions],
@@ -109,7 +109,7 @@ def enqueue(
     unique_key: str | None = None,
     origin: str | None = None,
     timeout: float | None = None,
-    depends_on: Sequence[JobId] = (),
+    depends_on: Sequence[IdLike] = (),
     on_dependency_failure: DependencyFailure = "cancel",
     concurrency_key: str | None = None,
     unique_for: float | timedelta | None = None,
@@ -164,7 +164,7 @@ async def enqueue_async(
     unique_key: str | None = None,
     origin: str | None = None,
     timeout: float | None = None,
-    depends_on: Sequence[JobId] = (),
+    depends_on: Sequence[IdLike] = (),
     on_dependency_failure: DependencyFailure = "cancel",
     concurrency_key: str | None = None,
     unique_for: float | timedelta | None = None,
@@ -225,43 +225,52 @@ def enqueue_bundle(
     return bundle
 
 
-def get_job(conn: ConnLike, id: JobId, *, schema: str | None = None) -> JobRecord:
+def get_job(conn: ConnLike, id: IdLike, *, schema: str | None = None) -> JobRecord:
+    """The job's record. `id` is a UUID or its string form (InvalidInput otherwise, as for
+    every call that takes an id); JobNotFound if no job has it."""
+    job_id = ids.job_id(id, "id")
     c = as_psycopg(conn)
-    return db.get_job(c, _schema(schema), id)
+    return db.get_job(c, _schema(schema), job_id)
 
 
-def get_bundle(conn: ConnLike, id: BundleId, *, schema: str | None = None) -> Bundle:
+def get_bundle(conn: ConnLike, id: IdLike, *, schema: str | None = None) -> Bundle:
+    """The bundle with its counters; JobNotFound if no bundle has that id."""
+    bundle_id = ids.bundle_id(id, "id")
     c = as_psycopg(conn)
-    return db.get_bundle(c, _schema(schema), id)
+    return db.get_bundle(c, _schema(schema), bundle_id)
 
 
-def cancel_job(conn: ConnLike, id: JobId, *, schema: str | None = None) -> JobState:
+def cancel_job(conn: ConnLike, id: IdLike, *, schema: str | None = None) -> JobState:
     """Cancel a pending or running job; returns the state it was in. A running job ends
     `cancelled` when this commits (its worker's writes are fenced out, it is never retried)
     and the supervisor whose child runs it stops that child. InvalidTransition if the job has
     finished, JobNotFound if unknown."""
+    job_id = ids.job_id(id, "id")
     c = as_psycopg(conn)
-    result = db.cancel(c, _schema(schema), id)
+    result = db.cancel(c, _schema(schema), job_id)
     if not result.cancelled:
         raise InvalidTransition(
-            f"job {id} is {result.state.value}; only pending or running jobs can be cancelled"
+            f"job {job_id} is {result.state.value}; only pending or running jobs can be cancelled"
         )
     return result.state
 
 
-def reset_job(conn: ConnLike, id: JobId, *, force: bool = False, schema: str | None = None) -> None:
+def reset_job(
+    conn: ConnLike, id: IdLike, *, force: bool = False, schema: str | None = None
+) -> None:
     """Put a finished job back to pending with a fresh retry budget (history is kept).
 
     A running job is refused unless `force`: its worker is then fenced out and its writes
     are dropped, so the job cannot run twice to completion.
     """
+    job_id = ids.job_id(id, "id")
     c = as_psycopg(conn)
-    blocked_by = db.reset(c, _schema(schema), id, force)
+    blocked_by = db.reset(c, _schema(schema), job_id, force)
     if blocked_by is not None:
         hint = (
             " (use force=True to take it from its worker)" if blocked_by is JobState.RUNNING else ""
         )
-        raise InvalidTransition(f"job {id} is {blocked_by.value}; cannot reset it{hint}")
+        raise InvalidTransition(f"job {job_id} is {blocked_by.value}; cannot reset it{hint}")
 
 
 def pause(

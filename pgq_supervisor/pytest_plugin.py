@@ -1,8 +1,9 @@
 """A pytest plugin for users' own suites (loaded through the `pytest11` entry point).
 
 Fixtures only: no autouse fixture, no hook that changes collection or reporting.
-- `pgq_dsn` (session): the database the fixtures use, from `$PGQ_TEST_DSN` or the `pgq_dsn`
-  ini option.
+- `pgq_dsn` (session): the database the fixtures use, from `$PGQ_TEST_DSN`, else the
+  `pgq_dsn` ini option, else `$PGQ_DSN` (the application's own database: the fixtures only
+  create and drop schemas of their own in it).
 - `pgq_schema`: a fresh schema with the queue migrated into it, for this test alone; the test
   runs with `$PGQ_SCHEMA` naming it (so every call without `schema=` uses it, and so does a
   supervisor started from the test), and it is dropped after.
@@ -25,20 +26,28 @@ from pgq_supervisor import schema as migrations
 
 DSN_ENV = "PGQ_TEST_DSN"
 INI = "pgq_dsn"
+APP_DSN_ENV = "PGQ_DSN"  # the fallback: what the application and the supervisor use
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addini(INI, f"DSN of the database the pgq_* fixtures use (or ${DSN_ENV})")
+    parser.addini(
+        INI, f"DSN of the database the pgq_* fixtures use (${DSN_ENV} wins; else ${APP_DSN_ENV})"
+    )
 
 
 @pytest.fixture(scope="session")
 def pgq_dsn(pytestconfig: pytest.Config) -> str:
-    """The DSN of the database the pgq fixtures use."""
+    """The DSN of the database the pgq fixtures use: $PGQ_TEST_DSN, the ini option, $PGQ_DSN."""
     ini = pytestconfig.getini(INI)
-    dsn = os.environ.get(DSN_ENV) or (ini if isinstance(ini, str) else "")
+    dsn = (
+        os.environ.get(DSN_ENV)
+        or (ini if isinstance(ini, str) else "")
+        or os.environ.get(APP_DSN_ENV)
+    )
     if not dsn:
         pytest.fail(
-            f"the pgq fixtures need a database: set ${DSN_ENV} or the {INI} ini option",
+            f"the pgq fixtures need a database: set ${DSN_ENV}, the {INI} ini option"
+            f" or ${APP_DSN_ENV}",
             pytrace=False,
         )
     return dsn

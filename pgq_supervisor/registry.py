@@ -15,6 +15,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
+from difflib import get_close_matches
 from typing import TypeVar
 
 import pydantic
@@ -410,6 +411,14 @@ def _where(exc: BaseException) -> str:
 _NOT_THE_APP = {__file__, importlib.__file__}
 
 
+def _did_you_mean(obj: object, name: str) -> str:
+    """` (did you mean 'registry'?)` for a mistyped attribute of `obj`: a Registry first."""
+    names = [n for n in dir(obj) if not n.startswith("_")]
+    registries = [n for n in names if isinstance(getattr(obj, n, None), Registry)]
+    close = get_close_matches(name, registries, n=1) or get_close_matches(name, names, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def load_registry(target: str) -> Registry:
     """Import `pkg.module:attribute` and return the Registry it names. AppLoadError if not."""
     module_name, sep, attr = target.partition(":")
@@ -429,7 +438,8 @@ def load_registry(target: str) -> Registry:
         try:
             obj = getattr(obj, part)
         except AttributeError:
-            raise AppLoadError(f"app module {module_name!r} has no attribute {attr!r}") from None
+            why = f"app module {module_name!r} has no attribute {attr!r}"
+            raise AppLoadError(why + _did_you_mean(obj, part)) from None
     if not isinstance(obj, Registry):
         raise AppLoadError(f"{target!r} is a {type(obj).__name__}, not a pgq_supervisor.Registry")
     if not obj.handlers:

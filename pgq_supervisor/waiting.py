@@ -30,11 +30,16 @@ from psycopg.pq import TransactionStatus
 from pgq_supervisor import db
 from pgq_supervisor.errors import DatabaseError, InvalidInput, JobNotFound
 from pgq_supervisor.frameworks import AsyncConnLike, ConnLike, as_psycopg, as_psycopg_async
-from pgq_supervisor.jobs import JobId, JobRecord, JobState
+from pgq_supervisor.ids import job_id as parse_job_id
+from pgq_supervisor.ids import job_ids as parse_job_ids
+from pgq_supervisor.jobs import IdLike, JobId, JobRecord, JobState
 
 STOPPED_CHANNEL = "pgq_job_stopped"
 PROGRESS_CHANNEL = "pgq_job_progress"
 SAFETY_RECHECK = 5.0  # seconds between re-reads of every job still waited on
+# A timeout names the pending types no supervisor seen this recently serves (the supervisor
+# table, schema/0010: a live one refreshes its row every heartbeat interval, 1 s by default)
+UNSERVED_SEEN_WITHIN = 60.0
 
 OnProgress = Callable[[JobRecord], None]
 
@@ -115,18 +120,31 @@ class _Waiting:
             raise JobNotFound(f"no job with id {min(missing, key=str)}")
         self.remaining -= {i for i in checked if states[i].is_terminal}
 
-    def sleep_for(self) -> float:
-        """How long to wait for a notification now; TimeoutError when time is up."""
+    def sleep_for(self) -> float | None:
+        """How long to wait for a notification now; None when time is up."""
         if self.deadline is None:
             return SAFETY_RECHECK
         left = self.deadline - time.monotonic()
-        if left <= 0:
-            n = len(self.remaining)
-            raise TimeoutError(
-                f"{n} job{'s' if n != 1 else ''} still unfinished after {self.timeout} s"
-                f" (e.g. {min(self.remaining, key=str)})"
+        return None if left <= 0 else min(left, SAFETY_RECHECK)
+
+    def unfinished(self) -> list[JobId]:
+        return sorted(self.remaining, key=str)
+
+    def timed_out(self, unserved: Sequence[str]) -> TimeoutError:
+        """The error of a timeout; `unserved`: the pending types of the jobs still waited on
+        that no live supervisor serves (a misspelt type waits forever: say so)."""
+        n = len(self.remaining)
+        hint = ""
+        if unserved:
+            names = ", ".join(repr(t) for t in unserved)
+            hint = (
+                f"; no supervisor seen in the last {UNSERVED_SEEN_WITHIN:g} s serves"
+                f" type{'s' if len(unserved) != 1 else ''} {names}"
             )
-        return min(left, SAFETY_RECHECK)
+        return TimeoutError(
+            f"{n} job{'s' if n != 1 else ''} still unfinished after {self.timeout} s"
+            f" (e.g. {min(self.remaining, key=str)}){hint}"
+        )
 
     def named(self, notes: list[psycopg.Notify]) -> tuple[set[JobId], set[JobId]]:
         """(stopped, progressed): the jobs waited on that the notifications name."""
@@ -150,7 +168,7 @@ class _Waiting:
 
 def wait(
     conn: ConnLike,
-    job_id: JobId,
+    job_id: IdLike,
     timeout: float | None = None,
     *,
     on_progress: OnProgress | None = None,
@@ -158,28 +176,34 @@ def wait(
 ) -> JobRecord:
     """Block until the job is succeeded, failed or cancelled; return its record.
 
-    A job already finished returns at once. TimeoutError after `timeout` seconds, JobNotFound
-    for an unknown id (or one deleted meanwhile), InvalidInput if `conn` is in a transaction.
+    `job_id` is a UUID or its string form. A job already finished returns at once.
+    TimeoutError after `timeout` seconds, JobNotFound for an unknown id (or one deleted
+    meanwhile), InvalidInput for an id that is not one or if `conn` is in a transaction.
     """
-    return wait_many(conn, [job_id], timeout, on_progress=on_progress, schema=schema)[0]
+    one = [parse_job_id(job_id)]
+    return wait_many(conn, one, timeout, on_progress=on_progress, schema=schema)[0]
 
 
 def wait_many(
     conn: ConnLike,
-    ids: Sequence[JobId],
+    ids: Sequence[IdLike],
     timeout: float | None = None,
     *,
     on_progress: OnProgress | None = None,
     schema: str | None = None,
 ) -> list[JobRecord]:
     """`wait` for every job of `ids` (one connection, one LISTEN); records in input order."""
+    job_ids = parse_job_ids(ids)
     conn = as_psycopg(conn)
     s = schema or db.default_schema()
-    w = _Waiting(ids, timeout)
+    w = _Waiting(job_ids, timeout)
     with _listening(conn, _channels(on_progress)):
         w.settle(set(w.remaining), db.job_states(conn, s, list(w.remaining)))
         while w.remaining:
             pause = w.sleep_for()
+            if pause is None:
+                unserved = db.unserved_types(conn, s, w.unfinished(), UNSERVED_SEEN_WITHIN)
+                raise w.timed_out(unserved)
             with db.wrapped():
                 notes = list(conn.notifies(timeout=pause, stop_after=1))
             stopped, progressed = w.named(notes)
@@ -194,33 +218,40 @@ def wait_many(
 
 async def wait_async(
     conn: AsyncConnLike,
-    job_id: JobId,
+    job_id: IdLike,
     timeout: float | None = None,
     *,
     on_progress: OnProgress | None = None,
     schema: str | None = None,
 ) -> JobRecord:
     """`wait` on a psycopg.AsyncConnection."""
-    records = await wait_many_async(conn, [job_id], timeout, on_progress=on_progress, schema=schema)
+    one = [parse_job_id(job_id)]
+    records = await wait_many_async(conn, one, timeout, on_progress=on_progress, schema=schema)
     return records[0]
 
 
 async def wait_many_async(
     conn: AsyncConnLike,
-    ids: Sequence[JobId],
+    ids: Sequence[IdLike],
     timeout: float | None = None,
     *,
     on_progress: OnProgress | None = None,
     schema: str | None = None,
 ) -> list[JobRecord]:
     """`wait_many` on a psycopg.AsyncConnection."""
+    job_ids = parse_job_ids(ids)
     conn = await as_psycopg_async(conn)
     s = schema or db.default_schema()
-    w = _Waiting(ids, timeout)
+    w = _Waiting(job_ids, timeout)
     async with _listening_async(conn, _channels(on_progress)):
         w.settle(set(w.remaining), await db.job_states_async(conn, s, list(w.remaining)))
         while w.remaining:
             pause = w.sleep_for()
+            if pause is None:
+                unserved = await db.unserved_types_async(
+                    conn, s, w.unfinished(), UNSERVED_SEEN_WITHIN
+                )
+                raise w.timed_out(unserved)
             with db.wrapped():
                 notes = [n async for n in conn.notifies(timeout=pause, stop_after=1)]
             stopped, progressed = w.named(notes)

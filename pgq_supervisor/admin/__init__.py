@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TypeVar
 
-from pgq_supervisor import db
+from pgq_supervisor import db, ids
 from pgq_supervisor.admin import doctor as admin_doctor
 from pgq_supervisor.admin import schedules as admin_schedules
 from pgq_supervisor.admin import schema as admin_schema
@@ -31,6 +30,7 @@ from pgq_supervisor.admin.control import (
     paused_lines,
 )
 from pgq_supervisor.admin.show import cmd_show
+from pgq_supervisor.admin.unserved import coverage
 from pgq_supervisor.connect import open_db
 from pgq_supervisor.display import progress_cell
 from pgq_supervisor.errors import InvalidInput, InvalidTransition
@@ -125,8 +125,8 @@ def add_commands(sub: argparse._SubParsersAction[Parser], common: Parser) -> Non
 
 def _job_id(text: str) -> JobId:
     try:
-        return JobId(uuid.UUID(text))
-    except ValueError:
+        return ids.job_id(text)
+    except InvalidInput:
         raise argparse.ArgumentTypeError(f"not a job id (a UUID): {text!r}") from None
 
 
@@ -156,7 +156,10 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
         stats = db.queue_stats(conn, settings.db_schema)
         controls = db.type_controls(conn, settings.db_schema)
         limits = db.type_limits(conn, settings.db_schema)
+        supervisors = db.list_supervisors(conn, settings.db_schema)
     rows = _status_rows(stats)
+    pending = {r.type: r.counts[JobState.PENDING] for r in rows}
+    served = coverage(pending, supervisors, settings.heartbeat_interval)
     total = _StatusRow("TOTAL")
     for r in rows:
         total.add(r)
@@ -167,6 +170,7 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
                 "total": {k: v for k, v in total.to_json().items() if k != "type"},
                 "paused": paused_json(controls),
                 "limits": limits_json(limits),
+                **served.to_json(),
             }
         )
         return 0
@@ -179,7 +183,7 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     if len(rows) > 1:
         body.append(total.cells())
     table = _table([*headers, "OLDEST READY"], body, left=1)
-    print("\n".join([table, *paused_lines(controls), *limits_lines(limits)]))
+    print("\n".join([table, *served.lines(), *paused_lines(controls), *limits_lines(limits)]))
     return 0
 
 

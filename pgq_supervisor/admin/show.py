@@ -10,6 +10,7 @@ import json
 from datetime import datetime
 
 from pgq_supervisor import db
+from pgq_supervisor.admin.unserved import coverage
 from pgq_supervisor.connect import open_db
 from pgq_supervisor.db import workflows
 from pgq_supervisor.display import (
@@ -39,7 +40,10 @@ def record_json(record: JobRecord) -> dict[str, JsonValue]:
 
 
 def _text(
-    record: JobRecord, held: NotStarted | None = None, steps: list[StepView] | None = None
+    record: JobRecord,
+    held: NotStarted | None = None,
+    steps: list[StepView] | None = None,
+    unserved: str | None = None,
 ) -> str:
     doc = record_json(record)
     lines = []
@@ -61,6 +65,8 @@ def _text(
         lines.append(f"{key.ljust(width)}  {shown}")
         if key == "state" and held is not None:
             lines.append(f"{''.ljust(width)}  {held.text()}")
+        if key == "state" and unserved is not None:
+            lines.append(f"{''.ljust(width)}  {unserved}")
         if key == "state" and (reason := held_back(record)) is not None:
             lines.append(f"{''.ljust(width)}  held back: {reason}")
         pause = current_pause(steps or []) if record.state is JobState.PENDING else None
@@ -97,13 +103,30 @@ def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
     with conn:
         record = db.get_job(conn, settings.db_schema, job_id)
         held = None
+        cover = None
         if record.state is JobState.RUNNING:
             held = not_started(db.list_supervisors(conn, settings.db_schema), record)
+        elif record.state is JobState.PENDING:
+            supervisors = db.list_supervisors(conn, settings.db_schema)
+            cover = coverage({record.type: 1}, supervisors, settings.heartbeat_interval)
         steps = workflows.steps(conn, settings.db_schema, job_id)
+    gap = cover.unserved[0] if cover is not None and cover.unserved else None
     if args.json:
         shown = None if held is None else held.to_json()
         listed = [{k: _plain(v) for k, v in dataclasses.asdict(s).items()} for s in steps]
-        print(json.dumps({"job": record_json(record), "not_started": shown, "steps": listed}))
+        doc = {"job": record_json(record), "not_started": shown, "steps": listed}
+        unserved: JsonValue = None
+        if cover is not None and gap is not None:
+            unserved = {"live_supervisors": cover.live, "did_you_mean": gap.like}
+        print(json.dumps({**doc, "unserved": unserved}))
     else:
-        print(_text(record, held, steps))
+        said = None
+        if cover is not None and gap is not None:
+            said = (
+                "unserved: no live supervisor is registered: it waits for one"
+                if not cover.live
+                else f"unserved: no live supervisor serves type {gap.type!r}"
+                + (f" (did you mean {gap.like!r}?)" if gap.like else "")
+            )
+        print(_text(record, held, steps, said))
     return 0

@@ -1,1 +1,2 @@
-"""Integrations with frameworks, each an optional extra (`pip install 'pgq-supervisor[django]'`)."""
+"""Integrations with frameworks, each an optional extra (`pip install -e '.[django]'` in a
+checkout: see the README's Install)."""

@@ -123,6 +123,8 @@ from pgq_supervisor.db.watching import (
     job_states,
     job_states_async,
     set_progress,
+    unserved_types,
+    unserved_types_async,
 )
 from pgq_supervisor.db.windows import enqueue, enqueue_async, enqueue_many
 from pgq_supervisor.redaction import redact
@@ -233,6 +235,8 @@ __all__ = [
     "unlisten",
     "unlisten_async",
     "unregister_supervisor",
+    "unserved_types",
+    "unserved_types_async",
     "worker_gone",
     "wrapped",
 ]

@@ -4,13 +4,14 @@ the transaction of a writing call (`atomic`) and the cursors of every statement 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections.abc import AsyncIterator, Iterator
 from typing import LiteralString, TypeVar
 
 import psycopg
+from psycopg import conninfo, postgres, sql
 from psycopg import errors as pg_errors
-from psycopg import postgres, sql
 from psycopg.abc import Loader
 from psycopg.adapt import AdaptersMap
 from psycopg.pq import Format, TransactionStatus
@@ -19,12 +20,19 @@ from psycopg.types.json import JsonbLoader, JsonLoader
 
 from pgq_supervisor import sql as queries
 from pgq_supervisor.backoff import Backoff
-from pgq_supervisor.errors import DatabaseError, DatabaseUnavailable, InvalidInput
+from pgq_supervisor.errors import (
+    DatabaseError,
+    DatabaseUnavailable,
+    InvalidInput,
+    SchemaNotMigrated,
+)
 from pgq_supervisor.redaction import hide_password, redact
 
 Conn = psycopg.Connection[TupleRow]
 AsyncConn = psycopg.AsyncConnection[TupleRow]
 R = TypeVar("R")
+
+log = logging.getLogger(__name__)
 
 DEFAULT_SCHEMA = "pgq"
 # psycopg's own default: a statement is prepared on the server from its fifth use. None turns
@@ -59,7 +67,26 @@ def wrapped() -> Iterator[None]:
     except pg_errors.CheckViolation as exc:
         raise InvalidInput(f"rejected by the database: {exc.diag.message_primary}") from exc
     except psycopg.Error as exc:
+        if _schema_missing(exc):
+            raise SchemaNotMigrated(f"{_one_line(exc)}: {NOT_MIGRATED}") from exc
         raise DatabaseError(_one_line(exc)) from exc
+
+
+NOT_MIGRATED = (
+    "the queue's schema is missing or older than this code:"
+    " run `python -m pgq_supervisor migrate` (or pgq.migrate(conn)) first"
+)
+
+
+def _schema_missing(exc: psycopg.Error) -> bool:
+    """Whether a statement of ours failed for want of the schema's objects: its tables, its
+    schema, its functions (not an operator: a bad parameter type says that too), its columns
+    (a schema older than the code)."""
+    if isinstance(exc, pg_errors.UndefinedFunction):
+        return (exc.diag.message_primary or "").startswith("function ")
+    return isinstance(
+        exc, pg_errors.UndefinedTable | pg_errors.InvalidSchemaName | pg_errors.UndefinedColumn
+    )
 
 
 def _one_line(exc: psycopg.Error) -> str:
@@ -132,18 +159,39 @@ def connect_at_startup(
     2 at least) for a host that does not answer.
 
     Wrong password, unknown user and missing database fail at once: waiting cannot fix them.
-    Raises DatabaseUnavailable with one line that says which it was.
+    When the first attempt fails and a wait follows, one line is logged at once naming the
+    host and port (never the password) and how long it waits, so a process that waits is not
+    silent until its error line. Raises DatabaseUnavailable with one line that says which it
+    was.
     """
     backoff = Backoff(initial=0.2, maximum=2.0)
-    try:
-        return backoff.retry(
-            lambda: psycopg.connect(
+    attempts = 0
+
+    def attempt() -> Conn:
+        nonlocal attempts
+        attempts += 1
+        try:
+            return psycopg.connect(
                 dsn,
                 autocommit=True,
                 application_name="pgq-supervisor",
                 connect_timeout=attempt_timeout,
                 prepare_threshold=prepare_threshold,
-            ),
+            )
+        except psycopg.OperationalError as exc:
+            if attempts == 1 and timeout > 0 and not is_permanent_connect_error(exc):
+                kind = describe_connect_error(exc).partition(":")[0]
+                log.warning(
+                    "waiting for the database at %s (%s): retrying for up to %g s",
+                    _host_port(dsn),
+                    kind,
+                    timeout,
+                )
+            raise
+
+    try:
+        return backoff.retry(
+            attempt,
             retry_on=psycopg.OperationalError,
             deadline=backoff.clock() + timeout,
             give_up=lambda exc: (
@@ -155,6 +203,18 @@ def connect_at_startup(
         raise DatabaseUnavailable(f"cannot connect to {redact(dsn)}: {why}") from exc
     except psycopg.ProgrammingError as exc:  # the DSN does not parse: no use retrying
         raise DatabaseUnavailable(f"invalid dsn: {hide_password(_one_line(exc), dsn)}") from exc
+
+
+def _host_port(dsn: str) -> str:
+    """`host:port` of a DSN (libpq's defaults and $PGHOST/$PGPORT where it names none), for a
+    log line: nothing else of it, so no password."""
+    try:
+        info = conninfo.conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        return "the configured DSN"
+    host = str(info.get("host") or info.get("hostaddr") or os.environ.get("PGHOST") or "")
+    port = str(info.get("port") or os.environ.get("PGPORT") or "5432")
+    return f"{host or 'the local socket'}:{port}"
 
 
 def durable_commit(conn: Conn) -> None:

@@ -17,6 +17,7 @@ from datetime import datetime
 import psycopg
 from psycopg.rows import scalar_row, tuple_row
 
+from pgq_supervisor import ids
 from pgq_supervisor.db import rows
 from pgq_supervisor.db.connection import (
     AsyncConn,
@@ -93,15 +94,8 @@ def _validate(job: NewJob) -> None:
 
 def _dependencies(job: NewJob) -> list[uuid.UUID] | None:
     """The job's dependency ids, each once, in the order given (None: it has none)."""
-    if isinstance(job.depends_on, (str, bytes)):
-        raise InvalidInput("depends_on must be a sequence of job ids, not a string")
     out: list[uuid.UUID] = []
-    for dep in job.depends_on:
-        if not isinstance(dep, uuid.UUID):
-            try:
-                dep = uuid.UUID(str(dep))
-            except ValueError:
-                raise InvalidInput(f"depends_on: {dep!r} is not a job id") from None
+    for dep in ids.job_ids(job.depends_on, "depends_on"):
         if dep not in out:
             out.append(dep)
     return out or None

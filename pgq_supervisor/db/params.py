@@ -199,6 +199,11 @@ class IdsParams(TypedDict):
     ids: list[JobId]
 
 
+class UnservedParams(TypedDict):
+    ids: list[JobId]
+    seen_within: float
+
+
 class ResetParams(TypedDict):
     id: JobId
     force: bool
@@ -390,6 +395,7 @@ PARAMS: dict[str, type] = {
     "no_jit": NoParams,
     "begin_implicit": NoParams,
     "job_states": IdsParams,
+    "unserved_types": UnservedParams,
     "get_jobs": IdsParams,
     "set_progress": SetProgressParams,
     "schedule_declare": ScheduleDeclareParams,

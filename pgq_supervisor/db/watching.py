@@ -9,7 +9,7 @@ from psycopg.rows import scalar_row
 
 from pgq_supervisor.db import rows
 from pgq_supervisor.db.connection import AsyncConn, Conn, cursor, cursor_async, statement, wrapped
-from pgq_supervisor.db.params import IdsParams, SetProgressParams
+from pgq_supervisor.db.params import IdsParams, SetProgressParams, UnservedParams
 from pgq_supervisor.jobs import JobId, JobRecord, JobState, LeaseToken
 
 
@@ -45,6 +45,27 @@ async def get_jobs_async(
         async with cursor_async(conn, rows.JOB_RECORD) as cur:
             await cur.execute(statement("get_jobs", schema), params)
             return {r.id: r for r in await cur.fetchall()}
+
+
+def unserved_types(conn: Conn, schema: str, ids: Sequence[JobId], seen_within: float) -> list[str]:
+    """The types of those of `ids` still pending that no supervisor seen within `seen_within`
+    seconds serves, sorted."""
+    params: UnservedParams = {"ids": list(ids), "seen_within": seen_within}
+    with wrapped(), cursor(conn, scalar_row) as cur:
+        found: list[str] = cur.execute(statement("unserved_types", schema), params).fetchall()
+    return found
+
+
+async def unserved_types_async(
+    conn: AsyncConn, schema: str, ids: Sequence[JobId], seen_within: float
+) -> list[str]:
+    """`unserved_types` on an async connection."""
+    params: UnservedParams = {"ids": list(ids), "seen_within": seen_within}
+    with wrapped():
+        async with cursor_async(conn, scalar_row) as cur:
+            await cur.execute(statement("unserved_types", schema), params)
+            found: list[str] = await cur.fetchall()
+    return found
 
 
 def set_progress(

@@ -11,7 +11,8 @@
     │                            pgq_job_cancel) · register (this supervisor's row in the
     │                            supervisor table, for the dashboard and `workers`) · the
     │                            look for supervisors whose session lock was freed · aging
-    │                            · vacuum health (with metrics)
+    │                            · vacuum health (with metrics) · unserved types (a type
+    │                            enqueued that no live supervisor serves: one warning)
     ├── pgq-worker[0] ─ job connection + heartbeat thread (see worker/)
     ├── pgq-worker[1]
     └── ...
@@ -138,7 +139,7 @@ class Supervisor:
         )
         now = clock()
         self.services = services or Services.from_settings(
-            settings, self.metrics, now, registry.schedules_for(self.types)
+            settings, self.metrics, now, registry.schedules_for(self.types), types=self.types
         )
         self.timers = maintenance_timers(
             settings, self.types, self.services, self.control, self.metrics, self.wake,
@@ -300,9 +301,13 @@ class Supervisor:
         for n in notifications:
             if n.channel == AVAILABLE:
                 served += n.payload in self.types
+                if self.services.unserved is not None:  # a type not served here: anywhere?
+                    self.services.unserved.heard(n.payload, self.clock())
             elif n.channel == DUE and (due := parse_due(n.payload)) is not None:
                 if due[1] in self.types:  # wake a child when it comes due (schema/0026)
                     self.timers.run_soon(DUE_WAKE, self.clock() + due[0])
+                elif self.services.unserved is not None:  # a delayed job's type, as above
+                    self.services.unserved.heard(due[1], self.clock())
             elif n.channel == CANCEL and (request := cancels.parse(n.payload)) is not None:
                 cancels.mark(self.children.values(), request)  # _enforce stops the child
         if served:

@@ -21,7 +21,8 @@ from pgq_supervisor.errors import (
     Suspend,
     WaitTimeout,
 )
-from pgq_supervisor.jobs import Job, JobId, JsonValue
+from pgq_supervisor.ids import job_id as parse_job_id
+from pgq_supervisor.jobs import IdLike, Job, JobId, JsonValue
 from pgq_supervisor.jsontext import dump_json
 from pgq_supervisor.workflows import tally
 from pgq_supervisor.workflows.replay import (
@@ -144,8 +145,9 @@ class AsyncWorkflowContext:
             raise LeaseLost(f"job {self.job.id} lost its lease in step {name!r}") from None
         return child
 
-    async def wait(self, job_id: JobId, *, timeout: float | timedelta | None = None) -> JsonValue:
+    async def wait(self, job_id: IdLike, *, timeout: float | timedelta | None = None) -> JsonValue:
         """WorkflowContext.wait."""
+        job_id = parse_job_id(job_id)  # its string form too, spelt as the end signal is
         outcome = await self.wait_for(f"job:{job_id}", timeout=timeout)
         if not isinstance(outcome, dict):
             raise PermanentError(f"child job {job_id}: unexpected end signal {outcome!r}")

@@ -30,7 +30,8 @@ from pgq_supervisor.errors import (
     Suspend,
     WaitTimeout,
 )
-from pgq_supervisor.jobs import Job, JobId, JsonValue
+from pgq_supervisor.ids import job_id as parse_job_id
+from pgq_supervisor.jobs import IdLike, Job, JobId, JsonValue
 from pgq_supervisor.jsontext import dump_json
 from pgq_supervisor.workflows import tally
 from pgq_supervisor.workflows.replay import (
@@ -154,9 +155,10 @@ class WorkflowContext:
             raise LeaseLost(f"job {self.job.id} lost its lease in step {name!r}") from None
         return child
 
-    def wait(self, job_id: JobId, *, timeout: float | timedelta | None = None) -> JsonValue:
+    def wait(self, job_id: IdLike, *, timeout: float | timedelta | None = None) -> JsonValue:
         """Sleep until the child `job_id` (from `ctx.enqueue`) ends; its result if it
         succeeded, else ChildFailed (the workflow may catch it). Past `timeout`: WaitTimeout."""
+        job_id = parse_job_id(job_id)  # its string form too, spelt as the end signal is
         outcome = self.wait_for(f"job:{job_id}", timeout=timeout)
         if not isinstance(outcome, dict):
             raise PermanentError(f"child job {job_id}: unexpected end signal {outcome!r}")

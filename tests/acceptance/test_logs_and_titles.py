@@ -66,3 +66,45 @@ def test_default_log_summarises_jobs_and_shows_every_failure(
     assert ended == 202  # 200 successes, one retry, one failure
     assert re.search(rf"WARNING .*job retry id={failing} type=fail attempt=1 .*boom", log)
     assert re.search(rf"ERROR .*job failed id={failing} type=fail attempt=2 .*boom", log)
+
+
+def test_a_type_no_live_supervisor_serves_is_warned_about_once(
+    dsn: str, db: Conn, sups: list[Supervisor]
+) -> None:
+    """Issue 36: `enqueue(conn, "slep", ...)` is accepted and nothing serves it; the supervisor
+    that hears of it says so, once, after 5 x poll_interval (2.5 s here)."""
+    sup = Supervisor(dsn, APP, "--procs", "1", *FAST)
+    sups.append(sup)
+    sup.wait_ready(1)
+    pgq.enqueue(db, "slep", {"seconds": 0})
+    pgq.enqueue(db, "noop", {})  # served: never named
+    said = "WARNING .*jobs of type {!r} are enqueued but no live supervisor serves it"
+    wait_for("the warning", lambda: re.search(said.format("slep"), sup.log()))
+    assert re.search(said.format("slep") + r" \(did you mean 'sleep'\?\)$", sup.log(), re.M)
+    pgq.enqueue(db, "slep", {"seconds": 0})  # warned already: not again
+    pgq.enqueue(db, "other_typo", {})
+    wait_for("the second type's warning", lambda: "'other_typo'" in sup.log())
+    assert len(re.findall(said.format("slep"), sup.log())) == 1
+    assert "'noop'" not in sup.log()
+    assert sup.stop() == 0
+
+
+def test_a_type_another_supervisor_serves_is_not_warned_about(
+    dsn: str, db: Conn, sups: list[Supervisor]
+) -> None:
+    noop_only = Supervisor(dsn, APP, "--procs", "1", "--types", "noop", *FAST)
+    sleep_only = Supervisor(dsn, APP, "--procs", "1", "--types", "sleep", *FAST)
+    sups += [noop_only, sleep_only]
+    noop_only.wait_ready(1)
+    sleep_only.wait_ready(1)
+
+    def registered() -> bool:
+        row = db.execute("SELECT count(*) FROM pgq.supervisor").fetchone()
+        return row is not None and row[0] == 2
+
+    wait_for("both supervisors' rows", registered)
+    pgq.enqueue(db, "sleep", {"seconds": 0})  # noop_only hears it: sleep_only serves it
+    pgq.enqueue(db, "zzz", {})  # after it: warned about once the grace for both has passed
+    wait_for("zzz warned about", lambda: "'zzz'" in noop_only.log() and "'zzz'" in sleep_only.log())
+    assert "'sleep'" not in noop_only.log() and "'noop'" not in sleep_only.log()
+    assert noop_only.stop() == 0 and sleep_only.stop() == 0

@@ -180,6 +180,47 @@ def test_status_shows_jobs_waiting_for_dependencies(dsn: str, conn: Conn) -> Non
     assert ok(cli(dsn, "depth")) == "1\n"
 
 
+def judged(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """`cli` judging supervisor rows stale only after 3 x 600 s: a row the test wrote stays
+    live however slowly the commands start (a row an hour old is still stale)."""
+    return run_cli(list(args), dsn, env={"PGQ_HEARTBEAT_INTERVAL": "600", "PGQ_DEAD_AFTER": "1800"})
+
+
+def _supervisor(conn: Conn, id_: str, types: list[str]) -> None:
+    """A supervisor's row as a live one writes it (schema/0010)."""
+    db.register_supervisor(
+        conn, "pgq", id=id_, host="h", pid=1, procs=1, types=types,
+        started_at=db.db_now(conn, "pgq"), children=[],
+    )  # fmt: skip
+
+
+def test_status_names_pending_types_no_live_supervisor_serves(dsn: str, conn: Conn) -> None:
+    """Issue 36: a misspelt type is not ordinary pending work that waits in silence."""
+    pgq.enqueue(conn, "gret", {})
+    assert ok(judged(dsn, "status")).splitlines()[2:] == [
+        "no live supervisor is registered: 1 pending job waits for one"
+    ]
+    _supervisor(conn, "a", ["greet", "resize"])
+    _supervisor(conn, "dead", ["gret"])  # its row went stale: it serves nothing
+    conn.execute("UPDATE pgq.supervisor SET seen_at = now() - interval '1 hour' WHERE id = 'dead'")
+    pgq.enqueue_many(conn, [pgq.NewJob("greet"), pgq.NewJob("gret"), pgq.NewJob("zzz")])
+    finished(conn, "old", JobState.FAILED)  # nothing pending: not named
+    lines = ok(judged(dsn, "status")).splitlines()
+    assert [ln for ln in lines if ln.startswith("unserved")] == [
+        "unserved: gret: 2 pending jobs, no live supervisor serves this type (did you mean greet?)",
+        "unserved: zzz: 1 pending job, no live supervisor serves this type",
+    ]
+    doc = ok_json(judged(dsn, "status", "--json"))
+    assert (doc["live_supervisors"], doc["served"]) == (1, ["greet", "resize"])
+    assert doc["unserved"] == [
+        {"type": "gret", "pending": 2, "did_you_mean": "greet"},
+        {"type": "zzz", "pending": 1, "did_you_mean": None},
+    ]
+    _supervisor(conn, "b", ["gret", "zzz"])
+    assert not any("unserved" in ln for ln in ok(judged(dsn, "status")).splitlines())
+    assert ok_json(judged(dsn, "status", "--json"))["unserved"] == []
+
+
 def test_status_of_an_empty_queue(dsn: str) -> None:
     assert ok(cli(dsn, "status")) == "no jobs\n"
     doc = ok_json(cli(dsn, "status", "--json"))
@@ -462,6 +503,26 @@ def test_show_a_job_in_full_with_its_attempts_and_progress(dsn: str, conn: Conn)
     assert [a["error"] for a in doc["attempts"]] == ["SMTP refused\nmore"]
     assert doc["started_at"] is not None and doc["stopped_at"] is None
     assert doc["result"] is None
+
+
+def test_show_says_when_no_live_supervisor_serves_a_pending_job(dsn: str, conn: Conn) -> None:
+    """Issue 36: `show` of a job of a misspelt type says why it does not run."""
+    typo = str(pgq.enqueue(conn, "gret", {}))
+    assert "unserved: no live supervisor is registered: it waits for one" in ok(
+        judged(dsn, "show", typo)
+    )
+    _supervisor(conn, "a", ["greet"])
+    lines = [ln.split(None, 1) for ln in ok(judged(dsn, "show", typo)).splitlines()]
+    at = lines.index(["state", "pending"])  # said under the state, as `held back` is
+    assert lines[at + 1] == [
+        "unserved:",
+        "no live supervisor serves type 'gret' (did you mean 'greet'?)",
+    ]
+    doc = ok_json(judged(dsn, "show", typo, "--json"))
+    assert doc["unserved"] == {"live_supervisors": 1, "did_you_mean": "greet"}
+    served = str(pgq.enqueue(conn, "greet", {}))
+    assert "unserved" not in ok(judged(dsn, "show", served))
+    assert ok_json(judged(dsn, "show", served, "--json"))["unserved"] is None
 
 
 def test_show_an_unknown_job_is_one_line_exit_1(dsn: str) -> None:

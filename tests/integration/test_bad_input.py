@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
+import re
 import uuid
+from collections.abc import Callable
 from datetime import datetime
 
+import psycopg
 import pydantic
 import pytest
 
 import pgq_supervisor as pgq
 from pgq_supervisor import testing
 from pgq_supervisor.db import Conn
-from pgq_supervisor.jobs import BundleId, JobId, JsonValue
-from tests.support.db import count_rows, get
+from pgq_supervisor.jobs import BundleId, JobId, JobState, JsonValue
+from tests.support.db import count_rows, finished, get
 
 
 def _nothing_written(conn: Conn) -> None:
@@ -154,6 +158,74 @@ def test_unknown_ids_raise_job_not_found_naming_the_id(conn: Conn) -> None:
     bundle = BundleId(uuid.uuid4())
     with pytest.raises(pgq.JobNotFound, match=f"no bundle with id {bundle}"):
         pgq.get_bundle(conn, bundle)
+    assert conn.execute("SELECT * FROM pgq.job").fetchall() == before
+
+
+def test_every_call_that_takes_a_job_id_takes_its_string_form(dsn: str, conn: Conn) -> None:
+    """As the CLI prints an id and a URL carries it (issue 36: wait said JobNotFound)."""
+    done = finished(conn, "t", JobState.SUCCEEDED)
+    text = str(done)
+    assert pgq.get_job(conn, text).id == done
+    assert pgq.get_job(conn, text.upper()).id == done
+    assert pgq.wait(conn, text, timeout=0).id == done
+    assert [r.id for r in pgq.wait_many(conn, [text, done], timeout=0)] == [done, done]
+
+    async def waits_async() -> list[JobId]:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as aconn:
+            one = await pgq.wait_async(aconn, text, timeout=0)
+            many = await pgq.wait_many_async(aconn, [text], timeout=0)
+            return [one.id, *(r.id for r in many)]
+
+    assert asyncio.run(waits_async()) == [done, done]
+    pgq.reset_job(conn, text)
+    assert pgq.get_job(conn, done).state is JobState.PENDING
+    assert pgq.cancel_job(conn, text) is JobState.PENDING
+    assert pgq.signal(conn, text, "go") is True
+    later = pgq.enqueue(conn, "t", depends_on=[text])
+    assert get(conn, later).depends_on == [done]
+    bundle = pgq.enqueue_bundle(conn, "b", [pgq.NewJob("t")])
+    assert pgq.get_bundle(conn, str(bundle.id)).id == bundle.id
+
+
+BAD_IDS = [
+    pytest.param("nope", id="word"),
+    pytest.param("", id="empty"),
+    pytest.param(12345, id="int"),
+    pytest.param(None, id="none"),
+    pytest.param(str(uuid.uuid4())[:-1], id="one-digit-short"),
+]
+
+
+@pytest.mark.parametrize("bad", BAD_IDS)
+def test_a_bad_job_id_is_invalid_input_naming_the_argument(
+    dsn: str, conn: Conn, bad: object
+) -> None:
+    known = pgq.enqueue(conn, "t", {})
+    before = conn.execute("SELECT * FROM pgq.job").fetchall()
+    calls: list[tuple[str, Callable[[], object]]] = [
+        ("id", lambda: pgq.get_job(conn, bad)),  # type: ignore[arg-type]
+        ("id", lambda: pgq.cancel_job(conn, bad)),  # type: ignore[arg-type]
+        ("id", lambda: pgq.reset_job(conn, bad, force=True)),  # type: ignore[arg-type]
+        ("id", lambda: pgq.get_bundle(conn, bad)),  # type: ignore[arg-type]
+        ("job_id", lambda: pgq.wait(conn, bad, timeout=0)),  # type: ignore[arg-type]
+        ("ids[1]", lambda: pgq.wait_many(conn, [known, bad], timeout=0)),  # type: ignore[list-item]
+        ("job_id", lambda: pgq.signal(conn, bad, "go")),  # type: ignore[arg-type]
+        ("depends_on[1]", lambda: pgq.enqueue(conn, "t", depends_on=[known, bad])),  # type: ignore[list-item]
+    ]
+    for argument, call in calls:
+        with pytest.raises(pgq.InvalidInput, match=rf"^{re.escape(argument)}: .* is not a"):
+            call()
+
+    async def waits_async() -> None:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as aconn:
+            with pytest.raises(pgq.InvalidInput, match=r"^job_id: "):
+                await pgq.wait_async(aconn, bad, timeout=0)  # type: ignore[arg-type]
+            with pytest.raises(pgq.InvalidInput, match=r"^ids\[0\]: "):
+                await pgq.wait_many_async(aconn, [bad], timeout=0)  # type: ignore[list-item]
+
+    asyncio.run(waits_async())
+    with pytest.raises(pgq.InvalidInput, match="not a string"):
+        pgq.wait_many(conn, str(known), timeout=0)
     assert conn.execute("SELECT * FROM pgq.job").fetchall() == before
 
 

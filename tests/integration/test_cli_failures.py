@@ -7,7 +7,9 @@ password; absurd input (60,000-deep JSON, a lone surrogate, a delay of 1e12 s) i
 
 from __future__ import annotations
 
+import re
 import socket
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +20,8 @@ from psycopg.conninfo import make_conninfo
 from pgq_supervisor.db import Conn
 from tests.integration.test_admin_cli import cli, fails
 from tests.support.db import count_rows
-from tests.support.processes import APP, ROOT, run_cli
+from tests.support.processes import APP, ROOT, Supervisor, run_cli
+from tests.support.waiting import wait_for
 
 FAST_ENOUGH = 3.0  # seconds, the whole command: interpreter start-up, imports, the attempt
 ADMIN = [
@@ -69,8 +72,45 @@ def test_run_still_waits_for_the_database_at_start_up(dsn: str) -> None:
     started = time.monotonic()
     result = run_cli(["run", "--app", APP, "--connect-timeout", "2"], refused, timeout=60)
     took = time.monotonic() - started
-    fails(result, 1, r"server not reachable")
+    waiting, _ = result.stderr.splitlines()  # the wait said at once, then its one error
+    assert "waiting for the database at 127.0.0.1:1" in waiting
+    fails(_last_line(result), 1, "server not reachable")
     assert took >= 1.5, f"run gave up after {took:.1f} s: it retries up to connect_timeout"
+
+
+def _last_line(result: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
+    """`result` with only its last stderr line, for `fails` (the lines before are logs)."""
+    return subprocess.CompletedProcess(
+        result.args, result.returncode, result.stdout, result.stderr.splitlines()[-1]
+    )
+
+
+def test_run_says_at_once_that_it_waits_for_the_database(dsn: str) -> None:
+    """Issue 36: not 15 s of silence, then one line: a line naming the host and port (never the
+    password) while it still waits, then its one error line as before."""
+    refused = make_conninfo(dsn, host="127.0.0.1", port="1", password="s3cret-pw")
+    sup = Supervisor(refused, APP, "--connect-timeout", "8")
+    try:
+        line = wait_for(
+            "the supervisor's waiting line",
+            lambda: next((ln for ln in sup.log().splitlines() if "waiting for" in ln), None),
+            timeout=6,  # well inside the 8 s it waits: said at the start, not at the end
+        )
+        assert sup.proc.poll() is None, sup.log()
+        assert re.search(
+            r"WARNING .*waiting for the database at 127\.0\.0\.1:1 \(server not reachable\):"
+            r" retrying for up to 8 s$",
+            line,
+        ), line
+        assert sup.wait(timeout=30) == 1
+        lines = sup.log().splitlines()
+        assert len(lines) == 2 and lines[0] == line, lines
+        assert (
+            lines[1].startswith("error: cannot connect to ") and "server not reachable" in lines[1]
+        )
+        assert "s3cret-pw" not in sup.log()
+    finally:
+        sup.close()
 
 
 # ---- the app ----
@@ -105,6 +145,47 @@ def test_an_app_that_fails_to_import_says_what_and_where(
     assert "Traceback (most recent call last)" in debug.stderr
     last = debug.stderr.splitlines()[-1]
     assert last.startswith(f"error: cannot import app module '{module}'"), last
+
+
+@pytest.mark.parametrize(
+    ("target", "hint"),
+    [
+        ("pgq_test_app:regsitry", " (did you mean 'registry'?)"),
+        ("pgq_test_app:Registry", " (did you mean 'registry'?)"),  # a Registry comes first
+        ("pgq_test_app:zzzz", ""),  # nothing close: no guess
+    ],
+)
+def test_a_mistyped_app_attribute_says_did_you_mean(dsn: str, target: str, hint: str) -> None:
+    """Issue 36: `--app hello:regsitry` names the attribute it probably meant."""
+    attr = target.partition(":")[2]
+    result = run_cli(["run", "--app", target], dsn)
+    line = fails(result, 3, f"has no attribute '{attr}'")
+    assert line == f"error: app module 'pgq_test_app' has no attribute '{attr}'{hint}"
+
+
+@pytest.mark.parametrize(
+    ("word", "said"),
+    [
+        ("stauts", "unknown command 'stauts', did you mean status? (see --help)"),
+        ("shwo", "unknown command 'shwo', did you mean show? (see --help)"),
+        ("migrat", "unknown command 'migrat', did you mean migrate? (see --help)"),
+        ("xyzzy", "unknown command 'xyzzy' (commands: run, migrate, enqueue, "),
+        # a DSN given where a command goes: named, its password not shown
+        ("postgresql://u:s3cret@h/db", "unknown command '***' (commands: run, "),
+    ],
+)
+def test_a_mistyped_command_says_did_you_mean(word: str, said: str) -> None:
+    """Issue 36: `run` is the default command, but a word that is no command is not taken for
+    an argument of `run` ("unrecognized arguments: stauts")."""
+    result = run_cli([word, "--json"])
+    line = fails(result, 2, "unknown command")
+    assert line.startswith(f"error: {said}"), line
+    assert "s3cret" not in result.stderr
+
+
+def test_flags_alone_still_run_the_default_command(dsn: str) -> None:
+    result = run_cli(["--procs", "0", "--app", APP], dsn)
+    fails(result, 2, "invalid setting procs")
 
 
 @pytest.mark.parametrize("target", ["pgq_test_app", "pgq_test_app:", ":registry"])

@@ -148,7 +148,7 @@ def test_an_unknown_dependency_is_named_and_nothing_is_written(conn: Conn) -> No
     assert count_rows(conn, "job_bundle") == 0
     assert not get(conn, a).has_dependents
     with pytest.raises(pgq.InvalidInput, match="not a job id"):
-        pgq.enqueue(conn, "t", depends_on=["nope"])  # type: ignore[list-item]
+        pgq.enqueue(conn, "t", depends_on=["nope"])
     with pytest.raises(pgq.InvalidInput, match="on_dependency_failure"):
         pgq.enqueue(conn, "t", depends_on=[a], on_dependency_failure="skip")  # type: ignore[arg-type]
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import shutil
 import threading
+import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
@@ -787,3 +789,45 @@ def test_two_schemas_in_one_database_keep_their_queues_apart(conn: Conn) -> None
     assert (count_rows(conn), count_rows(conn, schema="tenant_b")) == (1, 2)
     assert pgq.queue_depth(conn, schema="tenant_b") == 2
     assert pgq.queue_depth(conn, schema="pgq") == 1
+
+
+def test_the_library_on_an_unmigrated_database_says_to_migrate(empty_dsn: str) -> None:
+    """As the CLI does, not psycopg's `relation "pgq.job" does not exist` (issue 36)."""
+    told = r"schema is missing or older than this code: run `python -m pgq_supervisor migrate`"
+    job = pgq.JobId(uuid.uuid4())
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        calls: list[Callable[[], object]] = [
+            lambda: pgq.enqueue(conn, "t", {}),
+            lambda: pgq.enqueue_many(conn, [pgq.NewJob("t")]),
+            lambda: pgq.get_job(conn, job),
+            lambda: pgq.cancel_job(conn, job),
+            lambda: pgq.queue_stats(conn),
+            lambda: pgq.wait(conn, job, timeout=0),
+            lambda: pgq.enqueue(conn, "t", schema="elsewhere"),
+        ]
+        for call in calls:
+            with pytest.raises(pgq.SchemaNotMigrated, match=told):
+                call()
+    # in the caller's transaction too, naming the table
+    missing = r'relation "pgq\.job" does not exist'
+    with psycopg.connect(empty_dsn) as conn, pytest.raises(pgq.SchemaNotMigrated, match=missing):
+        pgq.enqueue(conn, "t", {})
+
+
+def test_the_library_on_a_schema_older_than_the_code_says_to_migrate(
+    empty_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = schema.available()[0]
+    shutil.copy(first.path, tmp_path / first.path.name)
+    monkeypatch.setattr(schema, "migrations_dir", lambda: tmp_path)
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        assert pgq.migrate(conn) == [1]
+        with pytest.raises(pgq.SchemaNotMigrated, match="python -m pgq_supervisor migrate"):
+            pgq.enqueue(conn, "t", {}, tenant="a")
+
+
+def test_a_bad_parameter_is_not_taken_for_a_missing_schema(conn: Conn) -> None:
+    """`operator does not exist` is UndefinedFunction too: it does not say to migrate."""
+    with pytest.raises(pgq.DatabaseError) as info:
+        db.get_job(conn, "pgq", 12345)  # type: ignore[arg-type]
+    assert not isinstance(info.value, pgq.SchemaNotMigrated)

@@ -80,16 +80,47 @@ def test_without_a_dsn_the_fixture_says_what_to_set(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("PGQ_TEST_DSN", raising=False)
+    monkeypatch.delenv("PGQ_DSN", raising=False)
     pytester.makepyfile(test_user="def test_x(pgq_conn):\n    pass\n")
     result = pytester.runpytest_subprocess("-q")
     result.assert_outcomes(errors=1)
-    result.stdout.fnmatch_lines(["*set $PGQ_TEST_DSN or the pgq_dsn ini option*"])
+    result.stdout.fnmatch_lines(["*set $PGQ_TEST_DSN, the pgq_dsn ini option or $PGQ_DSN*"])
+
+
+NAMES_ITS_DATABASE = """
+import pgq_supervisor as pgq
+
+def test_x(pgq_dsn, pgq_conn):
+    assert pgq_dsn == {dsn!r}
+    assert pgq.queue_stats(pgq_conn) == []
+"""
+# a DSN that cannot work, to show it was not the one chosen
+NOWHERE = "host=127.0.0.1 port=1 dbname=nowhere connect_timeout=1"
+
+
+def test_pgq_dsn_is_the_fallback(
+    pytester: pytest.Pytester, dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 36: with only $PGQ_DSN set (as for the app and the supervisor), the fixtures use it;
+    $PGQ_TEST_DSN and the ini option still come first."""
+    monkeypatch.delenv("PGQ_TEST_DSN", raising=False)
+    monkeypatch.delenv("PGQ_SCHEMA", raising=False)
+    monkeypatch.setenv("PGQ_DSN", dsn)
+    pytester.makepyfile(test_user=NAMES_ITS_DATABASE.format(dsn=dsn))
+    pytester.runpytest_subprocess("-q").assert_outcomes(passed=1)
+    monkeypatch.setenv("PGQ_DSN", NOWHERE)
+    monkeypatch.setenv("PGQ_TEST_DSN", dsn)
+    pytester.runpytest_subprocess("-q").assert_outcomes(passed=1)
+    monkeypatch.delenv("PGQ_TEST_DSN")
+    pytester.makeini(f"[pytest]\npgq_dsn = {dsn}\n")
+    pytester.runpytest_subprocess("-q").assert_outcomes(passed=1)
 
 
 def test_the_ini_option_names_the_dsn(
     pytester: pytest.Pytester, dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("PGQ_TEST_DSN", raising=False)
+    monkeypatch.setenv("PGQ_DSN", NOWHERE)  # the ini option comes before it
     pytester.makeini(f"[pytest]\npgq_dsn = {dsn}\n")
     pytester.makepyfile(
         test_user="import pgq_supervisor as pgq\n"

@@ -146,6 +146,40 @@ def test_a_timeout_raises_timeout_error(conn: Conn) -> None:
     assert conn.execute("SELECT count(*) FROM pg_listening_channels()").fetchone() == (0,)
 
 
+def _supervisor(conn: Conn, id_: str, types: list[str], seen_ago: float = 0.0) -> None:
+    """A supervisor's row as one writes it (schema/0010), last refreshed `seen_ago` s ago."""
+    db.register_supervisor(
+        conn, SCHEMA, id=id_, host="h", pid=1, procs=1, types=types,
+        started_at=db.db_now(conn, SCHEMA), children=[],
+    )  # fmt: skip
+    conn.execute(
+        "UPDATE pgq.supervisor SET seen_at = now() - make_interval(secs => %s) WHERE id = %s",
+        (seen_ago, id_),
+    )
+
+
+def test_a_timeout_names_the_pending_types_no_supervisor_serves(dsn: str, conn: Conn) -> None:
+    """Issue 36: a misspelt type ("gret") waits forever; the timeout says why."""
+    typo, served = pgq.enqueue(conn, "gret"), pgq.enqueue(conn, "greet")
+    _supervisor(conn, "live", ["greet"])
+    _supervisor(conn, "gone", ["gret"], seen_ago=3600)  # not seen lately: serves nothing
+    hint = r"; no supervisor seen in the last 60 s serves type 'gret'$"
+    with pytest.raises(TimeoutError, match=r"^2 jobs still unfinished after 0\.05 s .*" + hint):
+        pgq.wait_many(conn, [typo, served], timeout=0.05)
+
+    async def waits_async() -> None:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as aconn:
+            with pytest.raises(TimeoutError, match=hint):
+                await pgq.wait_async(aconn, typo, timeout=0.05)
+
+    asyncio.run(waits_async())
+    with pytest.raises(TimeoutError, match=r"\)$"):  # every type is served: no hint
+        pgq.wait(conn, served, timeout=0.05)
+    _supervisor(conn, "gone", ["gret"])  # back
+    with pytest.raises(TimeoutError, match=r"\)$"):
+        pgq.wait(conn, typo, timeout=0.05)
+
+
 def test_an_unknown_job_is_not_found(conn: Conn) -> None:
     known = pgq.enqueue(conn, "t")
     with pytest.raises(pgq.JobNotFound, match="no job with id"):

@@ -22,6 +22,10 @@ they share.
                                                      when metrics are served)
     prune          60 s; poll_interval while behind  Pruner: finished jobs past retention
     activity       summary_interval                  ActivitySummary: the INFO line of ended jobs
+    unserved       5 x poll_interval ± 20 %          UnservedWatch: warn once about a type
+                                                     enqueued that no live supervisor serves
+                                                     (reads the supervisor table only when
+                                                     one was heard; supervisor/unserved.py)
     periodic       at the next tick; poll_interval   Scheduler: enqueue the due ticks of the
                    at most                           schedules of the served types (once each)
     cancel-check   poll_interval ± 20 %              the supervisor's: children's jobs cancelled
@@ -62,6 +66,7 @@ from pgq_supervisor.supervisor.maintenance.retention import PRUNE_EVERY, Pruner
 from pgq_supervisor.supervisor.maintenance.scheduler import Scheduler
 from pgq_supervisor.supervisor.maintenance.vacuum_health import EVERY, VacuumHealth
 from pgq_supervisor.supervisor.metrics import Metrics, QueueMetrics
+from pgq_supervisor.supervisor.unserved import UnservedWatch
 
 log = logging.getLogger(__name__)
 
@@ -244,11 +249,19 @@ class Services:
     activity: ActivitySummary
     scheduler: Scheduler | None = None
     vacuum: VacuumHealth | None = None
+    unserved: UnservedWatch | None = None
 
     @classmethod
     def from_settings(
-        cls, settings: Settings, metrics: Metrics, now: float, schedules: Sequence[Schedule] = ()
+        cls,
+        settings: Settings,
+        metrics: Metrics,
+        now: float,
+        schedules: Sequence[Schedule] = (),
+        *,
+        types: Sequence[str] = (),
     ) -> Services:
+        """`types`: the served ones; with them, the watch for types no supervisor serves."""
         return cls(
             rescuer=Rescuer(
                 settings.db_schema, settings.dead_after, quiet=1.5 * settings.heartbeat_interval
@@ -264,6 +277,11 @@ class Services:
             vacuum=(
                 VacuumHealth(settings.db_schema, metrics)
                 if settings.metrics_port is not None
+                else None
+            ),
+            unserved=(
+                UnservedWatch(settings.db_schema, types, grace=5 * settings.poll_interval)
+                if types
                 else None
             ),
         )
@@ -383,6 +401,12 @@ def maintenance_timers(
         timers.append(Timer("prune", prune(services.pruner), PRUNE_EVERY, jitter=0.0))
     if services.scheduler is not None:
         timers.append(Timer("periodic", periodic(services.scheduler), poll))
+    if (watch := services.unserved) is not None:
+
+        def unserved(now: float) -> None:
+            control.run(lambda conn: watch.run_once(conn, now))
+
+        timers.append(Timer("unserved", unserved, watch.grace))
     if agings:
         ager = Ager(settings.db_schema, agings)
 

@@ -1,0 +1,76 @@
+"""Pending work no live supervisor serves, said aloud by `status` (issue 36): a type misspelt
+at enqueue ("gret" for "greet") is otherwise ordinary pending work that waits forever in
+silence. Judged from the supervisor table (schema/0010): each live supervisor lists the types
+it serves; a row not refreshed for 3 x heartbeat_interval is stale and serves nothing. No I/O
+here: the status command reads the rows and prints these lines."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from pgq_supervisor.admin.workers import is_stale
+from pgq_supervisor.db.rows import SupervisorRecord
+from pgq_supervisor.jobs import JsonValue
+
+
+@dataclass(frozen=True, slots=True)
+class Unserved:
+    """A type with pending jobs that no live supervisor serves; `like`: a served type it is
+    close to (a likely typo), if any."""
+
+    type: str
+    pending: int
+    like: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Coverage:
+    """What the live supervisors serve, and the pending types left out. `live` counts them."""
+
+    live: int
+    served: tuple[str, ...]
+    unserved: tuple[Unserved, ...]
+
+    def to_json(self) -> dict[str, JsonValue]:
+        return {
+            "live_supervisors": self.live,
+            "served": list(self.served),
+            "unserved": [
+                {"type": u.type, "pending": u.pending, "did_you_mean": u.like}
+                for u in self.unserved
+            ],
+        }
+
+    def lines(self) -> list[str]:
+        """For `status`: nothing when every pending type is served."""
+        if not self.unserved:
+            return []
+        if not self.live:
+            n = sum(u.pending for u in self.unserved)
+            waits = "waits" if n == 1 else "wait"
+            return [f"no live supervisor is registered: {n} pending job{_s(n)} {waits} for one"]
+        return [
+            f"unserved: {u.type}: {u.pending} pending job{_s(u.pending)}, no live supervisor"
+            f" serves this type" + (f" (did you mean {u.like}?)" if u.like else "")
+            for u in self.unserved
+        ]
+
+
+def _s(n: int) -> str:
+    return "" if n == 1 else "s"
+
+
+def coverage(
+    pending: Mapping[str, int], supervisors: Sequence[SupervisorRecord], heartbeat_interval: float
+) -> Coverage:
+    """`pending`: pending jobs per type (types with none are ignored)."""
+    live = [r for r in supervisors if not is_stale(r, heartbeat_interval)]
+    served = sorted({t for r in live for t in r.types})
+    unserved = []
+    for type_, n in sorted(pending.items()):
+        if n > 0 and type_ not in served:
+            like = difflib.get_close_matches(type_, served, n=1)
+            unserved.append(Unserved(type_, n, like[0] if like else None))
+    return Coverage(len(live), tuple(served), tuple(unserved))
