@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pgq_supervisor")
 
-COMMANDS = ("run", "migrate", "enqueue", "demo", "dashboard", *admin.COMMANDS)
+COMMANDS = ("run", "migrate", "enqueue", "demo", "dashboard", "embedded", *admin.COMMANDS)
 
 # flag -> setting, for `run`; values are validated by Settings, not argparse
 RUN_FLAGS = {
@@ -116,6 +116,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     enq.add_argument("--max-retry-count", type=int, help="retries after the first attempt")
     enq.set_defaults(handler=cmd_enqueue)
+
+    emb = sub.add_parser(
+        "embedded",
+        parents=[common],
+        help="the embedded server: print its DSN (starting it, kept running), or stop it",
+    )
+    emb.add_argument("action", nargs="?", choices=("dsn", "stop"), default="dsn",
+                     help="dsn (the default) or stop")  # fmt: skip
+    emb.set_defaults(handler=cmd_embedded)
 
     demo = sub.add_parser("demo", parents=[common], help="run sample jobs through a supervisor")
     demo.add_argument("--jobs", type=int, default=300, help="sample jobs (default 300)")
@@ -307,6 +316,22 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
         )
         job_id = db.enqueue(conn, settings.db_schema, job)
     print(job_id)
+    return 0
+
+
+def cmd_embedded(args: argparse.Namespace, settings: Settings) -> int:
+    from pgq_supervisor.embedded import project_data_dir, start_embedded, stop_embedded
+
+    data_dir = project_data_dir()
+    if args.action == "stop":
+        print(f"stopped the embedded server in {data_dir}" if stop_embedded(data_dir)
+              else f"no embedded server is running in {data_dir}")  # fmt: skip
+        return 0
+    dsn = start_embedded(data_dir, keep_running=True)
+    with db.connect_at_startup(dsn, settings.connect_timeout) as conn:
+        migrations.migrate(conn, settings.db_schema)
+    print(dsn)  # alone on stdout: PGQ_DSN=$(python -m pgq_supervisor embedded)
+    log.info("the embedded server in %s keeps running: `embedded stop` stops it", data_dir)
     return 0
 
 
