@@ -214,19 +214,21 @@ def run_io(
     n: int,
     *,
     seconds: float,
-    concurrency: int,
+    concurrency: int | None,
     threads: bool,
     supervisor_args: Sequence[str] = (),
 ) -> Drained:
     """The timed drain of I/O-bound jobs (the `io` group): each waits `seconds`, in an async
-    handler or, `threads`, a blocking one; the supervisor runs with `--concurrency`."""
+    handler or, `threads`, a blocking one; the supervisor runs with `--concurrency` (None:
+    without, at the defaults)."""
+    flag = () if concurrency is None else ("--concurrency", str(concurrency))
     return run_drain(
         dsn,
         procs,
         n,
         job_type=TSLEEP if threads else ASLEEP,
         payload={"seconds": seconds},
-        supervisor_args=(*supervisor_args, "--concurrency", str(concurrency)),
+        supervisor_args=(*supervisor_args, *flag),
         app=IO_APP,
     )
 

@@ -52,6 +52,7 @@ from benchmarks.report import (
     write_json,
 )
 from benchmarks.server import Scratch, Server, find_server
+from pgq_supervisor.worker.adaptive import ADAPTIVE_MOST
 
 WORKFLOW_STEPS = 1000  # workflows: no-op steps timed per run
 WORKFLOW_SLEEPERS = 10_000  # workflows: sleeping workflows behind the claim
@@ -314,14 +315,21 @@ class Bench:
             # the machine's own scaling: when it is low too, the cores were not free
             self.order.append(Ratio("2 / 1, no queue", ("cpu.bare_procs_2",), "cpu.bare_procs_1"))
         if "io" in self.opts.groups:
-            self.order += ["io.async", "io.threads"]
+            self.order += ["io.async_default", "io.async", "io.threads"]
             if "pgqueuer" in shown:
                 self.order += ["peer.pgqueuer.io", "peer.pgqueuer.io_capped"]
                 self.order.append(
                     Ratio(
-                        "ours / pgqueuer, I/O", ("io.async",), "peer.pgqueuer.io", Target(">=", 1)
+                        "ours at the defaults / pgqueuer, I/O",
+                        ("io.async_default",),
+                        "peer.pgqueuer.io",
+                        Target(">=", 1),
                     )
                 )
+                self.order.append(
+                    Ratio("ours, --concurrency 100 / pgqueuer, I/O", ("io.async",),
+                          "peer.pgqueuer.io")
+                )  # fmt: skip
                 self.order.append(
                     Ratio(
                         "ours / pgqueuer, I/O, same jobs in flight",
@@ -817,27 +825,32 @@ class Bench:
         o = self.opts
         tag = f"run {r}/{o.runs} io: {IO_JOBS:,} jobs of {IO_SECONDS * 1000:g} ms"
         steps = []
-        for key, concurrency, threads in (
+        runs: tuple[tuple[str, int | None, bool], ...] = (
+            ("io.async_default", None, False),  # no --concurrency: adaptive (worker/adaptive.py)
             ("io.async", IO_ASYNC_CONCURRENCY, False),
             ("io.threads", IO_THREAD_CONCURRENCY, True),
-        ):
-            ideal = IO_PROCS * concurrency / IO_SECONDS
+        )
+        for key, concurrency, threads in runs:
+            ideal = IO_PROCS * (concurrency or ADAPTIVE_MOST) / IO_SECONDS
             kind = "time.sleep in threads" if threads else "asyncio.sleep"
+            flag = "the defaults" if concurrency is None else f"--concurrency {concurrency}"
             m = self.results.measure(
                 key,
                 f"I/O-bound {kind} {IO_SECONDS * 1000:g} ms, --procs {IO_PROCS}"
-                f" --concurrency {concurrency} (ideal {ideal:,.0f})",
+                f" {flag} (ideal {ideal:,.0f})",
                 "jobs/s",
                 Target(">=", 0.6 * ideal),
             )
 
-            def run(concurrency: int = concurrency, threads: bool = threads) -> drain.Drained:
+            def run(
+                concurrency: int | None = concurrency, threads: bool = threads
+            ) -> drain.Drained:
                 return drain.run_io(
                     self.dsn, IO_PROCS, IO_JOBS, seconds=IO_SECONDS, concurrency=concurrency,
                     threads=threads, supervisor_args=o.supervisor_args,
                 )  # fmt: skip
 
-            steps.append(self.drained_step(f"{tag}, {kind}, --concurrency {concurrency}", m, run))
+            steps.append(self.drained_step(f"{tag}, {kind}, {flag}", m, run))
         if "pgqueuer" in active_peers:
             # its best (no cap on jobs in flight), and capped at our 2 x 100 in flight
             per_manager = (

@@ -373,6 +373,14 @@ class ChildSpec:
     synchronous_commit: bool = False
     prepare_threshold: int | None = db.PREPARE_THRESHOLD
     concurrency: int = 1  # most jobs in flight at once (1: the Worker of worker/sync.py)
+    # > 0: the jobs in flight adapt up to this many (worker/adaptive.py): an all-async child
+    # with no concurrency given; its slot has this many entries
+    adaptive: int = 0
     pool_size: int | None = None  # most connections of each pool for `conn` handlers
     # claimed jobs not started go back once they have waited this long behind a running job
     release_unstarted_after: float = 0.25
+
+    @property
+    def slots(self) -> int:
+        """The most jobs the child may hold in flight: its slot's entries."""
+        return max(self.concurrency, self.adaptive)

@@ -110,7 +110,12 @@ class Settings(BaseSettings):
     # still holds about 50 ms of work at most (worker/sync.py BATCH_BUDGET), so slower jobs
     # claim fewer
     claim_batch: int = Field(200, ge=1, le=200, description="most jobs one claim may take")
-    concurrency: int = Field(1, ge=1, le=1000, description="most jobs one child runs at once")
+    concurrency: int = Field(
+        1,
+        ge=1,
+        le=1000,
+        description="most jobs one child runs at once; unset, an async child adapts (up to 1000)",
+    )
     connection_budget: Literal["shrink", "refuse", "off"] = Field(
         "shrink",
         description="when the connections procs need do not fit at start: shrink (cap the"

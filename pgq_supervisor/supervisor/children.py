@@ -107,8 +107,9 @@ HEARTBEAT_LOST = "heartbeat lost"
 
 
 def child_spec(
-    settings: Settings, index: int, worker_id: str, dsn: str, types: tuple[str, ...]
-) -> ChildSpec:
+    settings: Settings, index: int, worker_id: str, dsn: str, types: tuple[str, ...],
+    adaptive: int = 0,  # worker/adaptive.py's adaptive_in_flight for these settings and types
+) -> ChildSpec:  # fmt: skip
     s = settings
     return ChildSpec(
         index=index,
@@ -128,6 +129,7 @@ def child_spec(
         synchronous_commit=s.worker_synchronous_commit,
         prepare_threshold=s.prepare_threshold,
         concurrency=s.concurrency,
+        adaptive=adaptive,
         pool_size=s.child_pool_size,
         release_unstarted_after=s.release_unstarted_after,
     )
@@ -423,10 +425,10 @@ def start_child(spec: ChildSpec, spawner: Spawner, now: float, run_alone: RunAlo
     """Spawn a child for `spec`, with a slot entry per job it may hold. One that may hold
     several is told the latest jobs that must run alone: in the pipe before its first claim
     (16 KB at most, which the pipe's buffer holds while it boots)."""
-    slot = JobSlot(spec.types, capacity=spec.concurrency)
+    slot = JobSlot(spec.types, capacity=spec.slots)
     proc, pipe = spawner(spec, slot)
     child = Child(spec=spec, proc=proc, pipe=pipe, slot=slot, started_at=now)
-    if run_alone and spec.concurrency > 1:
+    if run_alone and spec.slots > 1:
         child.send(RunAlone.of(run_alone.latest(RUN_ALONE_AT_SPAWN)))
     return child
 
@@ -444,5 +446,5 @@ def wake_idle(children: Iterable[Child], n: int, sent_at: float) -> int:
 def tell_run_alone(children: Iterable[Child], ids: Sequence[JobId]) -> None:
     """Tell the children that may run several jobs at once to run these alone."""
     for child in children:
-        if child.spec.concurrency > 1 and not child.leaving:
+        if child.spec.slots > 1 and not child.leaving:
             child.send(RunAlone.of(ids))

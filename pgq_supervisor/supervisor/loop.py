@@ -81,6 +81,7 @@ from pgq_supervisor.supervisor.sources import (
     Source,
 )
 from pgq_supervisor.supervisor.verdicts import DeadChild, Verdict, judge
+from pgq_supervisor.worker.adaptive import adaptive_in_flight
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +107,7 @@ class Supervisor:
         self.dsn = dsn
         self.schema = settings.db_schema
         self.types = tuple(settings.types or registry.types)
+        self.adaptive = adaptive_in_flight(settings, registry, self.types)
         self.metrics = metrics or Metrics()
         self.spawner = spawner
         self.clock = clock
@@ -361,7 +363,7 @@ class Supervisor:
 
     def _spawn(self, index: int, now: float) -> None:
         worker_id = f"{self.registration.id}:{index}:{self.rng.getrandbits(32):08x}"
-        spec = child_spec(self.settings, index, worker_id, self.dsn, self.types)
+        spec = child_spec(self.settings, index, worker_id, self.dsn, self.types, self.adaptive)
         child = self.children[index] = start_child(spec, self.spawner, now, self.run_alone)
         self.sel.register(child.pipe, selectors.EVENT_READ, PipeSource(child))
         self.sel.register(child.proc.sentinel, selectors.EVENT_READ, ExitSource(child))

@@ -40,6 +40,7 @@ class Admission:
     conn: db.Conn
     clock: Callable[[], float]
     capacity: int
+    limit: int  # the jobs in flight allowed now (capacity, or adaptive.py's)
     caps: dict[str, int]  # a type's own cap, where lower than the child's
     policies: dict[tuple[str, ...], ClaimPolicy]
     running: Mapping[JobId, object]  # the jobs in flight
@@ -56,7 +57,7 @@ class Admission:
 
     def _free(self) -> int:
         """Slots a claim may fill: none past the jobs left to start before max_jobs."""
-        free = self.capacity - len(self.running) - len(self.queued)
+        free = self.limit - len(self.running) - len(self.queued)
         if self.spec.max_jobs is not None:
             free = min(free, self.spec.max_jobs - self.started - len(self.queued))
         return free
@@ -70,7 +71,7 @@ class Admission:
         if free <= 0:
             return False
         return (
-            free >= max(1, self.capacity // 4)
+            free >= max(1, self.limit // 4)
             or not self.running
             or self.clock() - self.last_claim >= CLAIM_EVERY
         )

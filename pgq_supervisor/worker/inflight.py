@@ -36,6 +36,7 @@ import contextlib
 import functools
 import logging
 import os
+import time
 from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -51,6 +52,7 @@ from pgq_supervisor.ipc import ChildSpec, Idle, JobSlot, Ready, RunAloneSet
 from pgq_supervisor.jobs import Job, JobId, LeaseToken
 from pgq_supervisor.registry import ClaimPolicy, Registry
 from pgq_supervisor.worker import runs
+from pgq_supervisor.worker.adaptive import InFlightLimit
 from pgq_supervisor.worker.admission import CLAIM_EVERY, Admission
 from pgq_supervisor.worker.base import HEARTBEAT_DOWN_POLL, REPORT_EVERY, BaseWorker, Options
 from pgq_supervisor.worker.runs import Lost, Settlement
@@ -69,7 +71,7 @@ class InFlight:
 
 def uses_loop(spec: ChildSpec, registry: Registry) -> bool:
     """Does this child need the many-jobs worker: concurrency > 1, or an async handler?"""
-    if spec.concurrency > 1:
+    if spec.slots > 1:
         return True
     return any((h := registry.handlers.get(t)) is not None and h.is_async for t in spec.types)
 
@@ -103,13 +105,22 @@ class InFlightWorker(Admission, BaseWorker):
         conn: db.Conn, **options: Unpack[Options],
     ) -> None:  # fmt: skip
         super().__init__(spec, registry, pipe, slot, conn, **options)
-        self.capacity = max(1, min(spec.concurrency, slot.capacity))
+        self.capacity = max(1, min(spec.slots, slot.capacity))
+        # the jobs in flight allowed now: the capacity, or what adaptive.py grows it to
+        self.adapt = (
+            InFlightLimit(self.capacity, self.clock, time.process_time) if spec.adaptive else None
+        )
+        self.limit = self.capacity if self.adapt is None else self.adapt.limit
         # a type's own cap, where lower than the child's
         self.caps: dict[str, int] = {}
         for t in spec.types:
             handler = registry.handlers.get(t)
             if handler is not None and handler.concurrency is not None:
                 self.caps[t] = min(handler.concurrency, self.capacity)
+            elif handler is not None and spec.adaptive and not handler.is_async:
+                # an adaptive child's sync handlers (threads) keep to one job at a time, as
+                # at concurrency 1: a CPU-bound one gains nothing from more threads
+                self.caps[t] = 1
         self.policies: dict[tuple[str, ...], ClaimPolicy] = {}
         self.running: dict[JobId, InFlight] = {}
         self.per_type: dict[str, int] = {}
@@ -195,6 +206,8 @@ class InFlightWorker(Admission, BaseWorker):
             self.queued.clear()
         else:
             self._start_queued()
+            if self.adapt is not None:
+                self.limit = self.adapt.tick(len(self.running))
             if not self.idle and self._claim_due() and not await self._claim():
                 return
             release_in = self._release_waiting()
@@ -241,6 +254,8 @@ class InFlightWorker(Admission, BaseWorker):
             await self._database_error(exc)
             return False
         self.error_backoff.succeeded()
+        if self.adapt is not None:
+            self.adapt.claimed(limit, len(jobs), len(self.running) + len(self.queued) + len(jobs))
         if not jobs and policy.types != self.spec.types:
             # only the types below their cap had nothing: claim again once one that was
             # full has room (the claim's types change then), or when woken (Idle asks for it)
@@ -341,9 +356,10 @@ class InFlightWorker(Admission, BaseWorker):
         return self.threads
 
     def _pool_size(self, want_async: bool) -> int:
-        return pool_size(
-            self.registry, self.spec.types, self.capacity, want_async, self.spec.pool_size
-        )
+        # an adaptive child's pools are those of its concurrency setting (1 by default: what
+        # the supervisor's connection budget counted); its jobs in flight share them
+        most = self.spec.concurrency if self.adapt is not None else self.capacity
+        return pool_size(self.registry, self.spec.types, most, want_async, self.spec.pool_size)
 
     # ---- the pipe ----
 
@@ -377,7 +393,7 @@ class InFlightWorker(Admission, BaseWorker):
 
     def _report(self) -> None:
         n = len(self.running)
-        self._set_title("idle" if n == 0 and self.idle else f"{n}/{self.capacity} in flight")
+        self._set_title("idle" if n == 0 and self.idle else f"{n}/{self.limit} in flight")
         with contextlib.suppress(OSError):
             super()._report()
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import signal
 
 import pgq_supervisor as pgq
+from pgq_supervisor.worker.adaptive import START
 from tests.acceptance.conftest import Conn
 from tests.support.processes import FAST, Supervisor, run_cli
 from tests.support.waiting import wait_for
@@ -259,4 +260,31 @@ def test_a_child_whose_capped_type_is_full_still_takes_other_work_at_once(
 
     # woken by the notification, not left waiting for the capped jobs to end
     assert wait_for("the other type done", others_done, timeout=30) == (5, 0)
+    assert sup.stop() == 0
+
+
+def test_at_the_defaults_async_jobs_in_flight_grow_with_the_work_and_sync_ones_stay_one(
+    dsn: str, db: Conn, sups: list[Supervisor]
+) -> None:
+    """No --concurrency: an async child grows past adaptive.START while its jobs wait
+    (worker/adaptive.py); the sync handler it also serves runs one job at a time."""
+    sup = _start(sups, dsn, "--procs", "1", *FAST)
+    sup.wait_ready(1)
+    jobs = [pgq.NewJob("asleep", {"seconds": 0.3}) for _ in range(600)]
+    jobs += [pgq.NewJob("tsleep", {"seconds": 0.05}) for _ in range(10)]
+    pgq.enqueue_many(db, jobs)
+    counts = wait_for("all jobs finished", lambda: _all_finished(db, len(jobs)), timeout=60)
+    assert counts == {"succeeded": len(jobs)}
+    assert _most_at_once(db, "asleep") > 2 * START, "the jobs in flight did not grow"
+    assert _most_at_once(db, "tsleep") == 1, "sync jobs ran side by side in threads"
+    assert sup.stop() == 0
+
+
+def test_an_explicit_concurrency_is_a_hard_cap(dsn: str, db: Conn, sups: list[Supervisor]) -> None:
+    sup = _start(sups, dsn, "--procs", "1", "--concurrency", "5", *FAST)
+    sup.wait_ready(1)
+    pgq.enqueue_many(db, [pgq.NewJob("asleep", {"seconds": 0.1}) for _ in range(100)])
+    counts = wait_for("all jobs finished", lambda: _all_finished(db, 100), timeout=60)
+    assert counts == {"succeeded": 100}
+    assert _most_at_once(db) == 5
     assert sup.stop() == 0
