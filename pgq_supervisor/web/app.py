@@ -11,10 +11,11 @@
     POST /schedules/run | pause | resume           (form field `name`)
 
 Every request asks `authorize(request, action)` first (action "view" for a page, else the
-action's name, see ACTIONS): False answers 403 and changes nothing. Actions are POST only and
-carry a CSRF token, the double-submit kind: a random token in a SameSite=Strict cookie, echoed by
-each form, compared in constant time. The token stops other sites' forms, not a client that
-reads the cookie first, so actions need authentication: without an `authorize` (or an explicit
+action's name, see ACTIONS): False answers 403 and changes nothing. Actions are POST only; one
+whose `Origin` (or `Referer`) names another origin, or whose `Sec-Fetch-Site` is `cross-site`,
+is refused, and each carries a CSRF token the server signed, bound to a SameSite=Strict cookie
+and to the request's credentials (csrf.py). These stop other sites' forms, not a client that
+reads a page first, so actions need authentication: without an `authorize` (or an explicit
 `allow_unauthenticated_actions=True`, logged as a WARNING) the dashboard is read-only. Read-only
 (that, or `read_only=True`), no action is shown and each is answered 403. A destructive action
 (cancel, delete, retry all failed, any bulk action) is confirmed first: posted without
@@ -43,6 +44,7 @@ from starlette.staticfiles import StaticFiles
 
 from pgq_supervisor import db
 from pgq_supervisor.web.actions import Dashboard
+from pgq_supervisor.web.csrf import Csrf
 from pgq_supervisor.web.filters import FILTERS, duration
 from pgq_supervisor.web.handlers import ACTIONS, HERE, Action, Authorize, Refused, Store
 
@@ -66,6 +68,7 @@ def create_app(
     allow_unauthenticated_actions: bool = False,
     schema: str = db.DEFAULT_SCHEMA,
     stale_after: float = 15.0,
+    secret: str | bytes | None = None,
 ) -> Starlette:
     """The dashboard as an ASGI app over `schema`. `dsn_or_pool`: a DSN (the app makes and
     closes its own small pool) or the caller's psycopg_pool.ConnectionPool (left open).
@@ -74,7 +77,9 @@ def create_app(
     opens the actions to anyone who can reach it (logged as a WARNING). `read_only`: no action
     is shown, each is refused with 403, whatever else is given. `stale_after`: seconds without
     a heartbeat after which the Workers page marks a supervisor stale (a supervisor writes its
-    row every heartbeat_interval, 1 s by default; the `dashboard` command passes 3 x it)."""
+    row every heartbeat_interval, 1 s by default; the `dashboard` command passes 3 x it).
+    `secret` (16 bytes or more) signs the CSRF tokens: give every replica behind one address
+    the same; without it each process makes a random one (ValueError if too short)."""
     refusal = None  # why actions are off, if they are
     if read_only:
         refusal = READ_ONLY
@@ -85,6 +90,7 @@ def create_app(
             "dashboard actions (retry, cancel, delete, pause, resume, run now) are open to anyone"
             " who can reach it: no authentication, allow_unauthenticated_actions is on"
         )
+    csrf = Csrf(secret)  # first: a bad secret is refused before any pool is made
     store = Store(dsn_or_pool, schema)
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(HERE / "templates"),
@@ -93,7 +99,7 @@ def create_app(
     )
     env.filters.update(FILTERS)
     env.globals["duration"] = duration
-    dash = Dashboard(store, env, authorize, refusal, stale_after)
+    dash = Dashboard(store, env, authorize, refusal, stale_after, csrf)
     routes = [
         Route("/", dash.overview, name="overview"),
         Route("/jobs", dash.jobs, name="jobs"),

@@ -1,0 +1,135 @@
+"""The dashboard as an attacker drives it: the real `dashboard` command with HTTP Basic
+configured, a real HTTP client holding good credentials (as a browser that cached them does),
+and requests that another site could make that browser send. Nothing may change."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+import pgq_supervisor as pgq
+from tests.acceptance.conftest import Conn
+from tests.acceptance.dashboard import Dashboard
+from tests.integration.test_web import CSRF_RE
+
+AUTH = ("oncall", "s3cret")
+SECRET = "a-deployment-secret-of-32-bytes!"
+ENV = {"PGQ_DASHBOARD_USER": AUTH[0], "PGQ_DASHBOARD_PASSWORD": AUTH[1]}
+
+
+@pytest.fixture
+def dash(dsn: str) -> Iterator[Dashboard]:
+    served = Dashboard(dsn, env={**ENV, "PGQ_DASHBOARD_SECRET": SECRET})
+    try:
+        yield served.wait_up()
+    finally:
+        served.close()
+
+
+def _token(client: httpx.Client) -> str:
+    found = CSRF_RE.search(client.get("/jobs").text)
+    assert found is not None, "no action form"
+    return found.group(1)
+
+
+def _state(db: Conn, job_id: pgq.JobId) -> pgq.JobState:
+    return pgq.get_job(db, job_id).state
+
+
+def _one_line_403(answer: httpx.Response, says: str) -> None:
+    assert answer.status_code == 403, answer.text
+    assert answer.text.count("\n") == 0 and says in answer.text, answer.text
+
+
+def test_a_forged_csrf_pair_is_refused(db: Conn, dash: Dashboard) -> None:
+    """A cookie and field of the attacker's choosing (a sibling subdomain can set the cookie)."""
+    job_id = pgq.enqueue(db, "t")
+    with httpx.Client(base_url=dash.url, auth=AUTH) as client:
+        for path, extra in ((f"/jobs/{job_id}/cancel", {"confirmed": "1"}), ("/types/pause", {})):
+            client.cookies.set("pgq_csrf", "forged123")
+            answer = client.post(path, data={"csrf": "forged123", "type": "t", **extra})
+            _one_line_403(answer, "missing or wrong CSRF token")
+        # a well-formed nonce of the attacker's in both places, with no mac the server made
+        nonce = "A" * 43
+        client.cookies.set("pgq_csrf", nonce)
+        answer = client.post("/types/pause", data={"csrf": f"{nonce}.{'B' * 43}", "type": "t"})
+        _one_line_403(answer, "missing or wrong CSRF token")
+    assert _state(db, job_id) is pgq.JobState.PENDING
+    assert db.execute("SELECT count(*) FROM pgq.type_pause").fetchone() == (0,)
+
+
+@pytest.mark.parametrize(
+    ("headers", "says"),
+    [
+        pytest.param({"Origin": "https://evil.example"}, "another origin", id="foreign-origin"),
+        pytest.param({"Origin": "null"}, "another origin", id="origin-null"),
+        pytest.param(
+            {"Origin": "http://127.0.0.1.evil.example"}, "another origin", id="lookalike-origin"
+        ),
+        pytest.param(
+            {"Referer": "https://evil.example/page"}, "another origin", id="foreign-referer"
+        ),
+        pytest.param({"Sec-Fetch-Site": "cross-site"}, "cross-site", id="sec-fetch-site"),
+        pytest.param(
+            {"Origin": "https://evil.example", "Sec-Fetch-Site": "cross-site"},
+            "cross-site",
+            id="both",
+        ),
+    ],
+)
+def test_a_request_from_another_site_is_refused_with_a_good_token(
+    db: Conn, dash: Dashboard, headers: dict[str, str], says: str
+) -> None:
+    failed = pgq.enqueue(db, "t")
+    db.execute(
+        "UPDATE pgq.job SET state = 'failed', stopped_at = now(), error_msg = 'boom' WHERE id = %s",
+        (failed,),
+    )
+    pending = pgq.enqueue(db, "t")
+    with httpx.Client(base_url=dash.url, auth=AUTH) as client:
+        token = _token(client)
+        posts = [
+            (f"/jobs/{failed}/retry", {}),
+            (f"/jobs/{pending}/cancel", {"confirmed": "1"}),
+            ("/types/pause", {"type": "t"}),
+        ]
+        for path, data in posts:
+            answer = client.post(path, data={"csrf": token, **data}, headers=headers)
+            _one_line_403(answer, says)
+        assert _state(db, failed) is pgq.JobState.FAILED
+        assert _state(db, pending) is pgq.JobState.PENDING
+        # the same token from the dashboard's own page acts: the refusals were the headers'
+        own = {"Origin": dash.url, "Referer": dash.url + "/jobs", "Sec-Fetch-Site": "same-origin"}
+        done = client.post(f"/jobs/{failed}/retry", data={"csrf": token}, headers=own)
+        assert done.status_code == 303, done.text
+    assert _state(db, failed) is pgq.JobState.PENDING
+
+
+def test_the_token_is_bound_to_the_browser_and_the_credentials(
+    dsn: str, db: Conn, dash: Dashboard
+) -> None:
+    with httpx.Client(base_url=dash.url, auth=AUTH) as client:
+        token = _token(client)
+    with httpx.Client(base_url=dash.url, auth=AUTH) as other:  # its own cookie
+        _token(other)
+        _one_line_403(
+            other.post("/types/pause", data={"csrf": token, "type": "t"}),
+            "missing or wrong CSRF token",
+        )
+    # the same secret on a second replica: its pages' tokens act on the first, as behind one
+    # load balancer
+    with httpx.Client(auth=AUTH) as client:
+        replica = Dashboard(dsn, env={**ENV, "PGQ_DASHBOARD_SECRET": SECRET}).wait_up()
+        try:
+            found = CSRF_RE.search(client.get(replica.url + "/jobs").text)
+        finally:
+            replica.close()
+        assert found is not None
+        cookie = client.cookies["pgq_csrf"]
+        client.cookies.clear()
+        client.cookies.set("pgq_csrf", cookie)
+        done = client.post(dash.url + "/types/pause", data={"csrf": found.group(1), "type": "t"})
+        assert done.status_code == 303, done.text
+    assert db.execute("SELECT type FROM pgq.type_pause").fetchall() == [("t",)]
