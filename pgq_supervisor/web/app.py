@@ -23,6 +23,9 @@ reads a page first, so actions need authentication: without an `authorize` (or a
 actions.js asks in a dialog instead). An action redirects (303) to the page it came from with a
 one-line message, kept in a cookie for the next page.
 
+Every response (pages, static files, errors) says it may not be framed nor sniffed (headers.py);
+the static files are behind the same `authorize` as the pages.
+
 Live updates are short polls: live.js asks for the page's live part every 2 s with the ETag it
 has, and the server answers 304 when nothing changed (docs/dashboard.md says why not SSE).
 
@@ -41,12 +44,14 @@ from psycopg_pool import ConnectionPool
 from starlette.applications import Starlette
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp
 
 from pgq_supervisor import db
 from pgq_supervisor.web.actions import Dashboard
 from pgq_supervisor.web.csrf import Csrf
 from pgq_supervisor.web.filters import FILTERS, duration
 from pgq_supervisor.web.handlers import ACTIONS, HERE, Action, Authorize, Refused, Store
+from pgq_supervisor.web.headers import SecurityHeaders
 
 __all__ = ["ACTIONS", "Action", "Authorize", "Refused", "create_app"]
 
@@ -58,6 +63,12 @@ NO_AUTH = (
     " PGQ_DASHBOARD_USER and PGQ_DASHBOARD_PASSWORD for the dashboard command) or"
     " allow_unauthenticated_actions=True (--allow-unauthenticated-actions)"
 )
+
+
+class _Dashboard(Starlette):
+    def build_middleware_stack(self) -> ASGIApp:
+        # outside Starlette's own error handling, so that a 500 has the headers too
+        return SecurityHeaders(super().build_middleware_stack())
 
 
 def create_app(
@@ -115,8 +126,8 @@ def create_app(
         Route(
             "/schedules/{action}", dash.schedule_action, methods=["POST"], name="schedule_action"
         ),
-        Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
+        Mount("/static", dash.guarded(StaticFiles(directory=HERE / "static")), name="static"),
     ]
-    app = Starlette(routes=routes)
+    app = _Dashboard(routes=routes)
     app.state.pgq_close = store.close  # for a caller that wants its pool closed
     return app

@@ -20,6 +20,7 @@ from psycopg_pool import ConnectionPool
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, Response
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from pgq_supervisor import db
 from pgq_supervisor.errors import JobNotFound
@@ -141,6 +142,18 @@ class Handlers:
         if not self.csrf.valid(request, fields.get(CSRF_FIELD)):
             raise Refused(WRONG_TOKEN)
         return fields
+
+    def guarded(self, files: ASGIApp) -> ASGIApp:
+        """`files` (the static files) behind the pages' authorize: a 403 when it says no, its
+        own HTTPException (a 401) when it raises one."""
+
+        async def app(scope: Scope, receive: Receive, send: Send) -> None:
+            if scope["type"] == "http" and not await self._allowed(Request(scope), "view"):
+                await PlainTextResponse("not allowed: view", status_code=403)(scope, receive, send)
+                return
+            await files(scope, receive, send)
+
+        return app
 
     async def _allowed(self, request: Request, action: Action) -> bool:
         if self._authorize is None:

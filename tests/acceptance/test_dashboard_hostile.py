@@ -133,3 +133,38 @@ def test_the_token_is_bound_to_the_browser_and_the_credentials(
         done = client.post(dash.url + "/types/pause", data={"csrf": found.group(1), "type": "t"})
         assert done.status_code == 303, done.text
     assert db.execute("SELECT type FROM pgq.type_pause").fetchall() == [("t",)]
+
+
+FRAMING = {
+    "x-frame-options": "DENY",
+    "content-security-policy": "frame-ancestors 'none'",
+    "x-content-type-options": "nosniff",
+}
+
+
+def test_every_response_forbids_framing_and_sniffing_and_static_files_need_credentials(
+    db: Conn, dash: Dashboard
+) -> None:
+    job_id = pgq.enqueue(db, "t")
+    with httpx.Client(base_url=dash.url) as anonymous:
+        asked = [anonymous.get(path) for path in ("/", "/static/live.js", "/static/style.css")]
+        assert [a.status_code for a in asked] == [401, 401, 401]
+        assert all("live" not in a.text and "{" not in a.text for a in asked[1:])
+    with httpx.Client(base_url=dash.url, auth=AUTH) as client:
+        token = _token(client)
+        answers = [
+            client.get("/"),
+            client.get(f"/jobs/{job_id}"),
+            client.get("/static/live.js"),
+            client.get("/static/style.css"),
+            client.get("/static/nope.js"),
+            client.get("/no/such/page"),
+            client.post("/types/pause", data={"csrf": "forged", "type": "t"}),
+            client.post("/types/pause", data={"csrf": token, "type": "t"}),
+        ]
+    statuses = [a.status_code for a in answers]
+    assert statuses == [200, 200, 200, 200, 404, 404, 403, 303], statuses
+    assert "fetch(" in answers[2].text  # the script itself, to its user
+    for answer in [*asked, *answers]:
+        got = {k: answer.headers.get(k) for k in FRAMING}
+        assert got == FRAMING, (answer.request.url, answer.status_code, got)
