@@ -118,7 +118,8 @@ def create_app(
         Route("/jobs/{job_id}", dash.job, name="job"),
         Route("/jobs/{job_id}/{action}", dash.job_action, methods=["POST"], name="job_action"),
         Route("/types/{action}", dash.type_action, methods=["POST"], name="type_action"),
-        Route("/types/{type}", dash.job_type, name="type"),
+        # a type may hold `/` (check_type_name): the rest of the path is the type
+        Route("/types/{type:path}", dash.job_type, name="type"),
         Route("/bundles", dash.bundles, name="bundles"),
         Route("/bundles/{bundle_id}", dash.bundle, name="bundle"),
         Route("/workers", dash.workers, name="workers"),

@@ -180,7 +180,10 @@ class Handlers:
         return await run_in_threadpool(run)
 
     def _url(self, request: Request, name: str, **params: str) -> str:
-        return str(request.url_for(name, **params).path)
+        """The path of route `name`, each parameter percent-encoded whole (Starlette's builder
+        quotes nothing and refuses a `/`): any job type check_type_name accepts has a link."""
+        quoted = {k: quote(v, safe="") for k, v in params.items()}
+        return str(request.url_for(name, **quoted).path)
 
     async def _page(
         self,
@@ -208,7 +211,8 @@ class Handlers:
             url=lambda name, **p: self._url(request, name, **{k: str(v) for k, v in p.items()}),
             static=lambda path: self._url(request, "static", path=path),
             query=lambda **p: "?" + urlencode({k: v for k, v in p.items() if v}),
-            request_path=request.url.path,
+            # the decoded path, encoded again (a type's `?` or `#` is no query nor fragment)
+            request_path=quote(request.url.path, safe="/"),
         )
         etag = '"' + hashlib.sha256(html.encode()).hexdigest()[:32] + '"'
         headers = {"ETag": etag, "Cache-Control": "no-cache"}
@@ -232,7 +236,7 @@ class Handlers:
         instead, and posts confirmed at once)."""
         kept = [(k, v) for k, v in fields.items if k not in (CSRF_FIELD, CONFIRMED_FIELD)]
         data = {"question": question, "label": label, "fields": kept, "back": back,
-                "action_path": request.url.path}  # fmt: skip
+                "action_path": quote(request.url.path, safe="/")}  # fmt: skip
         return await self._page(request, "confirm.html", data)
 
     async def _not_found(self, request: Request, message: str) -> Response:

@@ -4,9 +4,12 @@ and requests that another site could make that browser send. Nothing may change.
 
 from __future__ import annotations
 
+import html
+import re
 from collections.abc import Iterator
 
 import httpx
+import markupsafe
 import pytest
 
 import pgq_supervisor as pgq
@@ -168,3 +171,21 @@ def test_every_response_forbids_framing_and_sniffing_and_static_files_need_crede
     for answer in [*asked, *answers]:
         got = {k: answer.headers.get(k) for k in FRAMING}
         assert got == FRAMING, (answer.request.url, answer.status_code, got)
+
+
+@pytest.mark.parametrize("name", ["emails/send", "a%2Fb", "50%off", "what?now#x", "über/日本"])
+def test_a_type_with_url_characters_links_to_its_own_page_under_uvicorn(
+    db: Conn, dash: Dashboard, name: str
+) -> None:
+    """Through the real server (it decodes a path once, as browsers expect), including names
+    that hold an escape already, which Starlette's TestClient would decode twice."""
+    pgq.enqueue(db, name)
+    with httpx.Client(base_url=dash.url, auth=AUTH) as client:
+        for path in ("/", "/jobs"):
+            page = client.get(path)
+            assert page.status_code == 200, page.text[:300]
+            links = re.findall(r'<a href="([^"]*/types/[^"]*)">([^<]*)</a>', page.text)
+            (href,) = [h for h, shown in links if html.unescape(shown) == name]
+            type_page = client.get(html.unescape(href))
+            assert type_page.status_code == 200
+            assert f"<h1>Type <code>{markupsafe.escape(name)}</code>" in type_page.text
