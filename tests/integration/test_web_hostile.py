@@ -1,6 +1,9 @@
-"""Every accepted job type name renders on every dashboard page and its link leads to its own
-page (issue 38 item 2): the alphabet is check_type_name's, and the dashboard builds each URL
-with quoting, so one producer's `emails/send` cannot take the overview down for everyone."""
+"""The dashboard's pages under hostile input (issue 38): every accepted job type name renders on
+every page and its link leads to its own page (the alphabet is check_type_name's, and each URL
+is built with quoting, so one producer's `emails/send` cannot take the overview down for
+everyone); a way back never leads to another site; a search PostgreSQL cannot take answers
+400 with a line, as the other filters do. The real command's side is
+tests/acceptance/test_dashboard_hostile.py."""
 
 from __future__ import annotations
 
@@ -136,3 +139,30 @@ def test_a_way_back_to_another_site_is_not_taken(client: TestClient, back: str) 
         "/types/pause", data={"csrf": token, "type": "t", "back": back}, follow_redirects=False
     )
     assert (done.status_code, done.headers["location"]) == (303, "/")
+
+
+@pytest.mark.parametrize(
+    ("search", "says"),
+    [
+        pytest.param("key\x00with a NUL", "holds a NUL character", id="nul-in-unique-key"),
+        pytest.param('payload.a = "\\u0000"', "holds a NUL character", id="nul-escape"),
+        pytest.param('payload.a = {"\\u0000": 1}', "holds a NUL character", id="nul-key"),
+        pytest.param('payload.a = "\\ud800"', "holds a lone surrogate", id="lone-surrogate"),
+        pytest.param("payload.a = NaN", "NaN has no JSON form", id="nan"),
+        pytest.param("payload.a = -Infinity", "-Infinity has no JSON form", id="-infinity"),
+        pytest.param("payload.a = Infinity", "Infinity has no JSON form", id="infinity"),
+        pytest.param("payload.a = 1e999", "a number out of range", id="1e999"),
+        pytest.param("payload.a = [-1e999]", "a number out of range", id="nested-1e999"),
+        pytest.param("payload.a = " + "[" * 15_000, "nested too deep", id="deep"),
+    ],
+)
+def test_a_search_postgresql_cannot_take_answers_400_with_a_line(
+    client: TestClient, conn: Conn, search: str, says: str
+) -> None:
+    fail_job(conn)
+    page = client.get("/jobs", params={"q": search})
+    assert page.status_code == 400, page.text[-300:]
+    found = re.search(r'<p class="flash error" id="jobs-error">([^<]*)</p>', page.text)
+    assert found is not None and says in html.unescape(found.group(1)), page.text[-500:]
+    assert found.group(1).startswith("invalid search: ")
+    assert client.get("/jobs", params={"q": "payload.a = 1e308"}).status_code == 200
