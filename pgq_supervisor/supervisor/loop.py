@@ -298,7 +298,7 @@ class Supervisor:
         if not self.listener.connected and fd is not None:
             self.sel.unregister(fd)
         served = 0
-        cancel_requests: list[cancels.CancelRequest] = []
+        asks: list[cancels.CancelRequest] = []
         for n in notifications:
             if n.channel == AVAILABLE:
                 served += n.payload in self.types
@@ -310,12 +310,10 @@ class Supervisor:
                 elif self.services.unserved is not None:  # a delayed job's type, as above
                     self.services.unserved.heard(due[1], self.clock())
             elif n.channel == CANCEL and (request := cancels.parse(n.payload)) is not None:
-                cancel_requests.append(request)
+                asks.append(request)
         # a cancel is acted on only once the database shows it (_enforce stops the child);
         # when it cannot be asked now, the poll asks as soon as the connection is back
-        if cancel_requests and not cancels.confirm(
-            self.control, self.schema, self.children.values(), cancel_requests
-        ):
+        if asks and not cancels.confirm(self.control, self.schema, self.children.values(), asks):
             self.timers.run_soon("cancel-check", self.clock())
         if served:
             self.wake(served)

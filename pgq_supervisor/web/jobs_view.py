@@ -29,6 +29,7 @@ from pgq_supervisor.jobs import JobId, JobState, JsonValue, check_type_name
 Data = dict[str, object]
 SEARCH_TIME_LIMIT = 5.0  # seconds a payload search may read for
 MAX_BULK = 500  # job ids one bulk action takes
+MAX_SEARCH_DEPTH = 100  # levels of a payload search's value (json.loads' own limit is ~1000)
 _SURROGATE_RE = re.compile("[\ud800-\udfff]")
 _PAYLOAD_RE = re.compile(r"^payload((?:\.[A-Za-z0-9_\-]+)+)\s*=\s*(.*)$", re.DOTALL)
 
@@ -54,18 +55,20 @@ class _NoJson(ValueError):
 
 def _storable(value: JsonValue, search: str) -> None:
     """ValueError (a line naming the search) unless jsonb can hold `value`: no NUL nor lone
-    surrogate in a string or key, no infinite number."""
-    todo = [value]
+    surrogate in a string or key, no infinite number, at most MAX_SEARCH_DEPTH levels."""
+    todo: list[tuple[JsonValue, int]] = [(value, 0)]
     while todo:
-        item = todo.pop()
+        item, depth = todo.pop()
+        if depth > MAX_SEARCH_DEPTH:
+            raise ValueError(f"invalid search: {search[:60]!r} is nested too deep")
         if isinstance(item, float) and not math.isfinite(item):
             raise ValueError(f"invalid search: {search[:60]!r}: a number out of range")
         if isinstance(item, str):
             check_search_text(item, search)
         elif isinstance(item, list):
-            todo.extend(item)
+            todo.extend((v, depth + 1) for v in item)
         elif isinstance(item, dict):
-            todo.extend(item.values())
+            todo.extend((v, depth + 1) for v in item.values())
             for key in item:
                 check_search_text(key, search)
 
