@@ -412,6 +412,7 @@ def cmd_dashboard(args: argparse.Namespace, settings: Settings) -> int:
         allow_unauthenticated_actions=args.allow_unauthenticated_actions,
         schema=settings.db_schema,
         stale_after=3 * settings.heartbeat_interval,
+        secret=settings.dashboard_secret.get_secret_value() if settings.dashboard_secret else None,
     )
     if args.read_only:
         how = "read-only"

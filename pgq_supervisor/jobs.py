@@ -25,7 +25,11 @@ JsonObject = dict[str, JsonValue]
 DependencyFailure = Literal["cancel", "run"]
 
 MAX_TYPE_LENGTH = 100
-_TYPE_RE = re.compile(r"^[^\s\x00]{1,100}$")
+# The job type alphabet, decided once (check_type_name): any character but whitespace, control
+# characters (C0, DEL, C1) and lone surrogates (no UTF-8 for them); `/`, `%`, `?`, `#`, `.` and
+# any other Unicode letter or symbol are fine. "." and ".." are refused whole: in a URL's path
+# they are the dot segments a browser resolves away, so the dashboard could not link to them.
+_TYPE_RE = re.compile(r"[^\s\x00-\x1f\x7f-\x9f\ud800-\udfff]{1,100}")
 
 
 class JobState(enum.StrEnum):
@@ -82,11 +86,14 @@ def check_duration(seconds: float) -> float:
 
 
 def check_type_name(type_: str) -> str:
-    """Return `type_` if it is a valid job type name (1..100 chars, no whitespace), else raise."""
-    if not isinstance(type_, str) or not _TYPE_RE.match(type_):
+    """Return `type_` if it is a valid job type name, else raise ValueError: 1 to 100
+    characters, none of them whitespace, a control character or a lone surrogate, and not "."
+    or ".." (see _TYPE_RE)."""
+    if not isinstance(type_, str) or not _TYPE_RE.fullmatch(type_) or type_ in (".", ".."):
         shown = type_ if isinstance(type_, str) and len(type_) <= 40 else f"{str(type_)[:40]}..."
         raise ValueError(
-            f"invalid job type {shown!r}: must be 1 to {MAX_TYPE_LENGTH} characters without spaces"
+            f"invalid job type {shown!r}: must be 1 to {MAX_TYPE_LENGTH} characters without"
+            " whitespace, control characters or lone surrogates, and not '.' or '..'"
         )
     return type_
 

@@ -172,6 +172,12 @@ class Settings(BaseSettings):
     dashboard_password: SecretStr | None = Field(
         None, description="the dashboard command's HTTP Basic password (env or .env only)"
     )
+    dashboard_secret: SecretStr | None = Field(
+        None,
+        min_length=16,
+        description="signs the dashboard's CSRF tokens, the same on every replica (env or .env"
+        " only; unset: random per process)",
+    )
     log_format: Literal["text", "json"] = Field("text", description="text | json")
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         "info", description="debug | info | warning | error"

@@ -40,56 +40,9 @@ from pgq_supervisor.db.params import (
     time_ordered,
 )
 from pgq_supervisor.errors import DatabaseError, InvalidInput
+from pgq_supervisor.inputs import MAX_ORIGIN, check_new_job, check_text
 from pgq_supervisor.jobs import Bundle, BundleId, JobId, NewJob, check_type_name
 from pgq_supervisor.tracing import current_traceparent
-
-_INT4_MIN, _INT4_MAX = -(2**31), 2**31 - 1  # the integer columns' range
-
-
-MAX_CONCURRENCY_KEY = 200  # schema/0008's CHECK
-MAX_TENANT = 200  # schema/0021's CHECK
-
-
-def _validate(job: NewJob) -> None:
-    try:
-        check_type_name(job.type)
-    except ValueError as exc:
-        raise InvalidInput(str(exc)) from exc
-    if not isinstance(job.priority, int):
-        raise InvalidInput(f"priority must be an integer, got {job.priority!r}")
-    if not _INT4_MIN <= job.priority <= _INT4_MAX:
-        raise InvalidInput(f"priority must fit in 32 bits, got {job.priority}")
-    if job.max_retry_count is not None and not (
-        isinstance(job.max_retry_count, int) and 0 <= job.max_retry_count <= _INT4_MAX
-    ):
-        raise InvalidInput(
-            f"max_retry_count must be >= 0 and fit in 32 bits, got {job.max_retry_count}"
-        )
-    if job.timeout is not None and not job.timeout > 0:
-        raise InvalidInput(f"timeout must be > 0 seconds, got {job.timeout}")
-    if job.start_at is not None and job.start_at.tzinfo is None:
-        raise InvalidInput("start_at must be timezone-aware")
-    if job.on_dependency_failure not in ("cancel", "run"):
-        raise InvalidInput(
-            f"on_dependency_failure must be 'cancel' or 'run', got {job.on_dependency_failure!r}"
-        )
-    key = job.concurrency_key
-    if key is not None and (
-        not isinstance(key, str) or not 1 <= len(key) <= MAX_CONCURRENCY_KEY or "\x00" in key
-    ):
-        shown = key if not isinstance(key, str) or len(key) <= 40 else f"{key[:40]}..."
-        raise InvalidInput(
-            f"concurrency_key must be a string of 1 to {MAX_CONCURRENCY_KEY} characters"
-            f" without NUL, got {shown!r}"
-        )
-    tenant = job.tenant
-    if tenant is not None and (
-        not isinstance(tenant, str) or not 1 <= len(tenant) <= MAX_TENANT or "\x00" in tenant
-    ):
-        shown = tenant if not isinstance(tenant, str) or len(tenant) <= 40 else f"{tenant[:40]}..."
-        raise InvalidInput(
-            f"tenant must be a string of 1 to {MAX_TENANT} characters without NUL, got {shown!r}"
-        )
 
 
 def _dependencies(job: NewJob) -> list[uuid.UUID] | None:
@@ -127,7 +80,7 @@ def _link_params(
 
 
 def enqueue_params(job: NewJob) -> EnqueueRow:
-    _validate(job)
+    check_new_job(job)
     return {
         "id": new_id(),
         "type": job.type,
@@ -237,7 +190,7 @@ def enqueue_many_params(jobs: Sequence[NewJob], bundle_id: BundleId | None) -> E
     concurrency_keys: list[str | None] = []
     tenants: list[str | None] = []
     for job in jobs:
-        _validate(job)
+        check_new_job(job)
         types.append(job.type)
         payloads.append(dump_json(job.payload))
         priorities.append(job.priority)
@@ -391,7 +344,7 @@ def _enqueue_copy(
     caller's transaction stays usable. Ids go as 32 hex digits, which uuid_in accepts."""
     payloads = []
     for job in jobs:
-        _validate(job)
+        check_new_job(job)
         payloads.append(dump_json(job.payload))
     first_id = _sequential_ids_start()
     ids: list[JobId] = []  # made chunk by chunk, while the server inserts the chunk before
@@ -430,6 +383,8 @@ def insert_bundle(
             check_type_name(on_complete)
     except ValueError as exc:
         raise InvalidInput(str(exc)) from exc
+    if origin is not None:
+        check_text(origin, "origin", max_chars=MAX_ORIGIN)
     params: BundleParams = {
         "id": new_id(),
         "type": type_,

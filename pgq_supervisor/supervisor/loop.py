@@ -300,6 +300,7 @@ class Supervisor:
         if not self.listener.connected and fd is not None:
             self.sel.unregister(fd)
         served = 0
+        asks: list[cancels.CancelRequest] = []
         for n in notifications:
             if n.channel == AVAILABLE:
                 served += n.payload in self.types
@@ -311,7 +312,11 @@ class Supervisor:
                 elif self.services.unserved is not None:  # a delayed job's type, as above
                     self.services.unserved.heard(due[1], self.clock())
             elif n.channel == CANCEL and (request := cancels.parse(n.payload)) is not None:
-                cancels.mark(self.children.values(), request)  # _enforce stops the child
+                asks.append(request)
+        # a cancel is acted on only once the database shows it (_enforce stops the child);
+        # when it cannot be asked now, the poll asks as soon as the connection is back
+        if asks and not cancels.confirm(self.control, self.schema, self.children.values(), asks):
+            self.timers.run_soon("cancel-check", self.clock())
         if served:
             self.wake(served)
 

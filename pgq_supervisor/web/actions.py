@@ -140,8 +140,10 @@ class Dashboard(Pages):
 
     def _back(self, request: Request, fields: Fields, default: str) -> str:
         """The page the form came from (its `back` field) when it is a path of this
-        dashboard, else the page `default`: never another site."""
+        dashboard, else the page `default`: never another site (a leading `//` or a backslash
+        could name one; a `//` further on is a type's, as in /types/a//b)."""
         home = self._url(request, "overview")
         sent = fields.get("back")
-        ours = sent.startswith(home) and "//" not in sent and "\\" not in sent
+        ours = sent.startswith(home) and not sent.startswith("//") and "\\" not in sent
+        ours = ours and not any(ord(c) < 0x21 or ord(c) == 0x7F for c in sent)
         return sent if ours else self._url(request, default)

@@ -11,16 +11,20 @@
     POST /schedules/run | pause | resume           (form field `name`)
 
 Every request asks `authorize(request, action)` first (action "view" for a page, else the
-action's name, see ACTIONS): False answers 403 and changes nothing. Actions are POST only and
-carry a CSRF token, the double-submit kind: a random token in a SameSite=Strict cookie, echoed by
-each form, compared in constant time. The token stops other sites' forms, not a client that
-reads the cookie first, so actions need authentication: without an `authorize` (or an explicit
+action's name, see ACTIONS): False answers 403 and changes nothing. Actions are POST only; one
+whose `Origin` (or `Referer`) names another origin, or whose `Sec-Fetch-Site` is `cross-site`,
+is refused, and each carries a CSRF token the server signed, bound to a SameSite=Strict cookie
+and to the request's credentials (csrf.py). These stop other sites' forms, not a client that
+reads a page first, so actions need authentication: without an `authorize` (or an explicit
 `allow_unauthenticated_actions=True`, logged as a WARNING) the dashboard is read-only. Read-only
 (that, or `read_only=True`), no action is shown and each is answered 403. A destructive action
 (cancel, delete, retry all failed, any bulk action) is confirmed first: posted without
 `confirmed=1` it answers a page that asks, whose button posts it again confirmed (static/
 actions.js asks in a dialog instead). An action redirects (303) to the page it came from with a
 one-line message, kept in a cookie for the next page.
+
+Every response (pages, static files, errors) says it may not be framed nor sniffed (headers.py);
+the static files are behind the same `authorize` as the pages.
 
 Live updates are short polls: live.js asks for the page's live part every 2 s with the ETag it
 has, and the server answers 304 when nothing changed (docs/dashboard.md says why not SSE).
@@ -40,11 +44,14 @@ from psycopg_pool import ConnectionPool
 from starlette.applications import Starlette
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp
 
 from pgq_supervisor import db
 from pgq_supervisor.web.actions import Dashboard
+from pgq_supervisor.web.csrf import Csrf
 from pgq_supervisor.web.filters import FILTERS, duration
 from pgq_supervisor.web.handlers import ACTIONS, HERE, Action, Authorize, Refused, Store
+from pgq_supervisor.web.headers import SecurityHeaders
 
 __all__ = ["ACTIONS", "Action", "Authorize", "Refused", "create_app"]
 
@@ -58,6 +65,12 @@ NO_AUTH = (
 )
 
 
+class _Dashboard(Starlette):
+    def build_middleware_stack(self) -> ASGIApp:
+        # outside Starlette's own error handling, so that a 500 has the headers too
+        return SecurityHeaders(super().build_middleware_stack())
+
+
 def create_app(
     dsn_or_pool: str | ConnectionPool,
     *,
@@ -66,6 +79,7 @@ def create_app(
     allow_unauthenticated_actions: bool = False,
     schema: str = db.DEFAULT_SCHEMA,
     stale_after: float = 15.0,
+    secret: str | bytes | None = None,
 ) -> Starlette:
     """The dashboard as an ASGI app over `schema`. `dsn_or_pool`: a DSN (the app makes and
     closes its own small pool) or the caller's psycopg_pool.ConnectionPool (left open).
@@ -74,7 +88,9 @@ def create_app(
     opens the actions to anyone who can reach it (logged as a WARNING). `read_only`: no action
     is shown, each is refused with 403, whatever else is given. `stale_after`: seconds without
     a heartbeat after which the Workers page marks a supervisor stale (a supervisor writes its
-    row every heartbeat_interval, 1 s by default; the `dashboard` command passes 3 x it)."""
+    row every heartbeat_interval, 1 s by default; the `dashboard` command passes 3 x it).
+    `secret` (16 bytes or more) signs the CSRF tokens: give every replica behind one address
+    the same; without it each process makes a random one (ValueError if too short)."""
     refusal = None  # why actions are off, if they are
     if read_only:
         refusal = READ_ONLY
@@ -85,6 +101,7 @@ def create_app(
             "dashboard actions (retry, cancel, delete, pause, resume, run now) are open to anyone"
             " who can reach it: no authentication, allow_unauthenticated_actions is on"
         )
+    csrf = Csrf(secret)  # first: a bad secret is refused before any pool is made
     store = Store(dsn_or_pool, schema)
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(HERE / "templates"),
@@ -93,7 +110,7 @@ def create_app(
     )
     env.filters.update(FILTERS)
     env.globals["duration"] = duration
-    dash = Dashboard(store, env, authorize, refusal, stale_after)
+    dash = Dashboard(store, env, authorize, refusal, stale_after, csrf)
     routes = [
         Route("/", dash.overview, name="overview"),
         Route("/jobs", dash.jobs, name="jobs"),
@@ -101,7 +118,8 @@ def create_app(
         Route("/jobs/{job_id}", dash.job, name="job"),
         Route("/jobs/{job_id}/{action}", dash.job_action, methods=["POST"], name="job_action"),
         Route("/types/{action}", dash.type_action, methods=["POST"], name="type_action"),
-        Route("/types/{type}", dash.job_type, name="type"),
+        # a type may hold `/` (check_type_name): the rest of the path is the type
+        Route("/types/{type:path}", dash.job_type, name="type"),
         Route("/bundles", dash.bundles, name="bundles"),
         Route("/bundles/{bundle_id}", dash.bundle, name="bundle"),
         Route("/workers", dash.workers, name="workers"),
@@ -109,8 +127,8 @@ def create_app(
         Route(
             "/schedules/{action}", dash.schedule_action, methods=["POST"], name="schedule_action"
         ),
-        Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
+        Mount("/static", dash.guarded(StaticFiles(directory=HERE / "static")), name="static"),
     ]
-    app = Starlette(routes=routes)
+    app = _Dashboard(routes=routes)
     app.state.pgq_close = store.close  # for a caller that wants its pool closed
     return app

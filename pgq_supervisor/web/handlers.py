@@ -5,9 +5,7 @@ and the one-line message an action leaves for the next page. app.py says what th
 from __future__ import annotations
 
 import hashlib
-import hmac
 import inspect
-import secrets
 import threading
 import uuid
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
@@ -22,11 +20,15 @@ from psycopg_pool import ConnectionPool
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, Response
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from pgq_supervisor import db
 from pgq_supervisor.errors import JobNotFound
 from pgq_supervisor.jobs import BundleId, JobId
 from pgq_supervisor.web import views
+from pgq_supervisor.web.csrf import COOKIE as CSRF_COOKIE
+from pgq_supervisor.web.csrf import FIELD as CSRF_FIELD
+from pgq_supervisor.web.csrf import WRONG_TOKEN, Csrf, foreign
 
 Action = Literal[
     "view", "retry", "cancel", "delete", "retry_failed", "pause", "resume",
@@ -39,8 +41,6 @@ ACTIONS: tuple[Action, ...] = (
 # authorize(request, action) -> bool (or an awaitable of one)
 Authorize = Callable[[Request, Action], "bool | Awaitable[bool]"]
 
-CSRF_COOKIE = "pgq_csrf"
-CSRF_FIELD = "csrf"
 CONFIRMED_FIELD = "confirmed"
 FLASH_COOKIE = "pgq_flash"
 HERE = Path(__file__).resolve().parent
@@ -118,26 +118,42 @@ class Handlers:
         authorize: Authorize | None,
         refusal: str | None,
         stale_after: float,
+        csrf: Csrf,
     ) -> None:
         self.store = store
+        self.csrf = csrf
         self.env = env
         self._authorize = authorize
         self.refusal = refusal  # None: actions allowed (authorize still asked)
         self.stale_after = stale_after
 
     async def _guard(self, request: Request, action: Action) -> Fields:
-        """The checks before any action, each a Refused: read-only, CSRF, authorize."""
+        """The checks before any action, each a Refused: read-only, another site's request,
+        authorize (which may raise its own HTTPException: a 401 asking for credentials), the
+        CSRF token (csrf.py, bound to the credentials just checked)."""
         if self.refusal is not None:
             raise Refused(self.refusal)
-        async with request.form() as form:
-            fields = Fields([(k, v) for k, v in form.multi_items() if isinstance(v, str)])
-        cookie = request.cookies.get(CSRF_COOKIE, "")
-        sent = fields.get(CSRF_FIELD)
-        if not cookie or not sent or not hmac.compare_digest(cookie.encode(), sent.encode()):
-            raise Refused("missing or wrong CSRF token: reload the page and try again")
+        if (why := foreign(request)) is not None:
+            raise Refused(why)
         if not await self._allowed(request, action):
             raise Refused(f"not allowed: {action}")
+        async with request.form() as form:
+            fields = Fields([(k, v) for k, v in form.multi_items() if isinstance(v, str)])
+        if not self.csrf.valid(request, fields.get(CSRF_FIELD)):
+            raise Refused(WRONG_TOKEN)
         return fields
+
+    def guarded(self, files: ASGIApp) -> ASGIApp:
+        """`files` (the static files) behind the pages' authorize: a 403 when it says no, its
+        own HTTPException (a 401) when it raises one."""
+
+        async def app(scope: Scope, receive: Receive, send: Send) -> None:
+            if scope["type"] == "http" and not await self._allowed(Request(scope), "view"):
+                await PlainTextResponse("not allowed: view", status_code=403)(scope, receive, send)
+                return
+            await files(scope, receive, send)
+
+        return app
 
     async def _allowed(self, request: Request, action: Action) -> bool:
         if self._authorize is None:
@@ -164,7 +180,10 @@ class Handlers:
         return await run_in_threadpool(run)
 
     def _url(self, request: Request, name: str, **params: str) -> str:
-        return str(request.url_for(name, **params).path)
+        """The path of route `name`, each parameter percent-encoded whole (Starlette's builder
+        quotes nothing and refuses a `/`): any job type check_type_name accepts has a link."""
+        quoted = {k: quote(v, safe="") for k, v in params.items()}
+        return str(request.url_for(name, **quoted).path)
 
     async def _page(
         self,
@@ -177,7 +196,8 @@ class Handlers:
     ) -> Response:
         if not await self._allowed(request, "view"):
             return PlainTextResponse("not allowed: view", status_code=403)
-        token = request.cookies.get(CSRF_COOKIE) or secrets.token_urlsafe(32)
+        nonce, new_nonce = self.csrf.nonce(request)
+        token = self.csrf.token(request, nonce)
         fragment = request.headers.get("x-pgq-live") == "1"
         flash = read_flash(request) if not fragment else None
         html = self.env.get_template(template).render(
@@ -191,7 +211,8 @@ class Handlers:
             url=lambda name, **p: self._url(request, name, **{k: str(v) for k, v in p.items()}),
             static=lambda path: self._url(request, "static", path=path),
             query=lambda **p: "?" + urlencode({k: v for k, v in p.items() if v}),
-            request_path=request.url.path,
+            # the decoded path, encoded again (a type's `?` or `#` is no query nor fragment)
+            request_path=quote(request.url.path, safe="/"),
         )
         etag = '"' + hashlib.sha256(html.encode()).hexdigest()[:32] + '"'
         headers = {"ETag": etag, "Cache-Control": "no-cache"}
@@ -199,9 +220,9 @@ class Handlers:
             return Response(status_code=304, headers=headers)
         response: Response = HTMLResponse(html, status_code=status, headers=headers)
         cookie_path = self._url(request, "overview")
-        if CSRF_COOKIE not in request.cookies:
+        if new_nonce:
             response.set_cookie(
-                CSRF_COOKIE, token, httponly=True, samesite="strict", path=cookie_path
+                CSRF_COOKIE, nonce, httponly=True, samesite="strict", path=cookie_path
             )
         if flash is not None:
             response.delete_cookie(FLASH_COOKIE, path=cookie_path)
@@ -215,7 +236,7 @@ class Handlers:
         instead, and posts confirmed at once)."""
         kept = [(k, v) for k, v in fields.items if k not in (CSRF_FIELD, CONFIRMED_FIELD)]
         data = {"question": question, "label": label, "fields": kept, "back": back,
-                "action_path": request.url.path}  # fmt: skip
+                "action_path": quote(request.url.path, safe="/")}  # fmt: skip
         return await self._page(request, "confirm.html", data)
 
     async def _not_found(self, request: Request, message: str) -> Response:

@@ -14,6 +14,7 @@ it reads the table newest first until a page matches, for at most SEARCH_TIME_LI
 from __future__ import annotations
 
 import json
+import math
 import re
 import uuid
 from collections.abc import Mapping, Sequence
@@ -28,6 +29,8 @@ from pgq_supervisor.jobs import JobId, JobState, JsonValue, check_type_name
 Data = dict[str, object]
 SEARCH_TIME_LIMIT = 5.0  # seconds a payload search may read for
 MAX_BULK = 500  # job ids one bulk action takes
+MAX_SEARCH_DEPTH = 100  # levels of a payload search's value (json.loads' own limit is ~1000)
+_SURROGATE_RE = re.compile("[\ud800-\udfff]")
 _PAYLOAD_RE = re.compile(r"^payload((?:\.[A-Za-z0-9_\-]+)+)\s*=\s*(.*)$", re.DOTALL)
 
 
@@ -42,9 +45,47 @@ def _moment(text: str, what: str) -> datetime | None:
     return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
+def _refuse_constant(name: str) -> JsonValue:
+    raise _NoJson(f"{name} has no JSON form")
+
+
+class _NoJson(ValueError):
+    """A search value json.loads would take but PostgreSQL's jsonb would not."""
+
+
+def _storable(value: JsonValue, search: str) -> None:
+    """ValueError (a line naming the search) unless jsonb can hold `value`: no NUL nor lone
+    surrogate in a string or key, no infinite number, at most MAX_SEARCH_DEPTH levels."""
+    todo: list[tuple[JsonValue, int]] = [(value, 0)]
+    while todo:
+        item, depth = todo.pop()
+        if depth > MAX_SEARCH_DEPTH:
+            raise ValueError(f"invalid search: {search[:60]!r} is nested too deep")
+        if isinstance(item, float) and not math.isfinite(item):
+            raise ValueError(f"invalid search: {search[:60]!r}: a number out of range")
+        if isinstance(item, str):
+            check_search_text(item, search)
+        elif isinstance(item, list):
+            todo.extend((v, depth + 1) for v in item)
+        elif isinstance(item, dict):
+            todo.extend((v, depth + 1) for v in item.values())
+            for key in item:
+                check_search_text(key, search)
+
+
+def check_search_text(text: str, search: str) -> None:
+    """ValueError (a line) when `text` holds what PostgreSQL cannot take in text: a NUL, or a
+    lone surrogate (it has no UTF-8)."""
+    if "\x00" in text:
+        raise ValueError(f"invalid search: {search[:60]!r} holds a NUL character")
+    if _SURROGATE_RE.search(text):
+        raise ValueError(f"invalid search: {search[:60]!r} holds a lone surrogate")
+
+
 def payload_filter(search: str) -> str | None:
     """`payload.a.b = VALUE` as the JSON object a matching payload contains ({"a": {"b":
-    VALUE}}), as text; None when the search is not of that form."""
+    VALUE}}), as text; None when the search is not of that form. ValueError (a line) for a
+    value jsonb cannot hold: a NUL or lone surrogate (as `"\\u0000"`), NaN, Infinity, 1e999."""
     found = _PAYLOAD_RE.match(search.strip())
     if found is None:
         return None
@@ -52,9 +93,14 @@ def payload_filter(search: str) -> str | None:
     if not raw:
         raise ValueError(f"invalid search: {search[:60]!r} has no value after '='")
     try:
-        value: JsonValue = json.loads(raw)
+        value: JsonValue = json.loads(raw, parse_constant=_refuse_constant)
+    except _NoJson as exc:
+        raise ValueError(f"invalid search: {search[:60]!r}: {exc}") from None
+    except RecursionError:
+        raise ValueError(f"invalid search: {search[:60]!r} is nested too deep") from None
     except ValueError:
         value = raw  # a bare word: text
+    _storable(value, search)
     for key in reversed(path):
         value = {key: value}
     return json.dumps(value, separators=(",", ":"))
@@ -102,6 +148,7 @@ class JobsQuery:
             except ValueError:
                 raise ValueError(f"invalid state: {raw['state'][:40]!r}") from None
         type_ = check_type_name(raw["type"]) if raw["type"] else None
+        check_search_text(raw["q"], raw["q"])  # a unique key is text too
         before = None
         if params.get("before"):
             at, _, id_text = params["before"].partition(",")

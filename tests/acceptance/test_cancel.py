@@ -3,8 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import re
+import uuid
+from pathlib import Path
 from uuid import UUID
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
 import pgq_supervisor as pgq
 from tests.acceptance.conftest import Conn
@@ -132,4 +140,38 @@ def test_cancel_racing_the_handlers_return_lands_exactly_one_outcome(
     for job_id in ids:
         rec = _job(db, job_id)
         assert (job_id in effects) == (rec.state is pgq.JobState.SUCCEEDED), rec
+    assert sup.stop() == 0
+
+
+def test_a_forged_cancel_notification_from_a_role_without_grants_stops_nothing(
+    dsn: str, db: Conn, sups: list[Supervisor], tmp_path: Path
+) -> None:
+    """Any role that may connect may NOTIFY on any channel: the supervisor acts on a cancel
+    only once the database shows the job cancelled, so the job runs to its end, once."""
+    sup = _start(sups, dsn, "--procs", "1", "--log-level", "debug", *FAST)
+    (pid,) = sup.wait_ready(1)
+    gate = tmp_path / "gate"
+    job_id = pgq.enqueue(db, "gated", {"gate": str(gate)})
+    worker = wait_for("the job running", lambda: _running_on(sup, db, job_id))
+    role = f"pgq_forger_{uuid.uuid4().hex[:8]}"
+    db.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+    try:
+        with psycopg.connect(make_conninfo(dsn, user=role), autocommit=True) as forger:
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):  # no grant on pgq
+                forger.execute("SELECT count(*) FROM pgq.job")
+            payload = json.dumps({"job_id": str(job_id), "worker_id": worker})
+            for _ in range(3):
+                forger.execute("SELECT pg_notify('pgq_job_cancel', %s)", (payload,))
+        ignored = f"ignored a pgq_job_cancel notification for job id={job_id}"
+        wait_for("the forged notifications read", lambda: sup.log().count(ignored) == 3)
+        assert _job(db, job_id).state is pgq.JobState.RUNNING
+        assert sup.children() == [pid]
+        gate.touch()
+        wait_for("the job done", lambda: _job(db, job_id).state is pgq.JobState.SUCCEEDED)
+    finally:
+        db.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+    rec = _job(db, job_id)
+    assert rec.attempts == [] and rec.current_retry_count == 0, "one run, never released"
+    assert sup.children() == [pid], "the child was never stopped"
+    assert "was cancelled: stopping child" not in sup.log()
     assert sup.stop() == 0

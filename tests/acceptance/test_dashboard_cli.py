@@ -13,6 +13,7 @@ import pytest
 
 from tests.acceptance.conftest import Conn
 from tests.acceptance.dashboard import Dashboard, free_port
+from tests.integration.test_web import CSRF_RE
 from tests.support.processes import run_cli
 from tests.support.waiting import wait_for
 
@@ -34,10 +35,12 @@ def _start(started: list[Dashboard], dsn: str, *args: str, **env: str) -> Dashbo
 
 
 def _pause(dash: Dashboard, auth: tuple[str, str] | None = None) -> httpx.Response:
-    """GET the overview, then POST its pause form with the cookie's token copied in."""
+    """POST a pause with the token of the Jobs page's form (the cookie's when the page shows
+    no form: read-only)."""
     with httpx.Client(base_url=dash.url, auth=auth) as client:
-        client.get("/")
-        token = client.cookies["pgq_csrf"]
+        page = client.get("/jobs")
+        found = CSRF_RE.search(page.text)
+        token = found.group(1) if found else client.cookies["pgq_csrf"]
         return client.post("/types/pause", data={"csrf": token, "type": "t"})
 
 

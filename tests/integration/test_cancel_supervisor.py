@@ -3,9 +3,13 @@ the poll when the notification was missed; a death that counts no attempt."""
 
 from __future__ import annotations
 
+import json
+import logging
 import signal
 import time
 from collections.abc import Callable
+
+import pytest
 
 import pgq_supervisor as pgq
 from pgq_supervisor.db import Conn
@@ -138,5 +142,27 @@ def test_the_poll_finds_a_cancel_whose_notification_never_came(dsn: str, conn: C
         sup.run_once(0.02)
     assert child.proc.signals == []  # nothing told it yet
     clock.now += 1000.0 * 1.2  # the poll interval, jitter included
+    _sigterm_then_reaped(sup, spawner, clock)
+    sup.close()
+
+
+def test_a_cancel_notification_for_a_job_not_cancelled_stops_nothing(
+    dsn: str, conn: Conn, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A notification is a hint anyone may send: the job must be cancelled in the database."""
+    spawner, clock = FakeSpawner(), FakeClock()
+    sup = _supervisor(dsn, spawner, clock)
+    child = spawner.live()[0]
+    job_id = pgq.enqueue(conn, "t")
+    claim(conn, ["t"], worker_id=child.spec.worker_id)
+    child.start_job(job_id, "t", started=clock.now)
+    payload = json.dumps({"job_id": str(job_id), "worker_id": child.spec.worker_id})
+    caplog.set_level(logging.DEBUG, logger="pgq_supervisor.supervisor.cancels")
+    conn.execute("SELECT pg_notify('pgq_job_cancel', %s)", (payload,))
+    _turn_until(sup, "the notification read", lambda: f"job id={job_id}: not" in caplog.text)
+    sup.run_once(0)
+    assert child.proc.signals == [] and job_id not in sup.children[0].cancelled
+    assert get(conn, job_id).state is JobState.RUNNING
+    pgq.cancel_job(conn, job_id)  # the real one, with the same payload
     _sigterm_then_reaped(sup, spawner, clock)
     sup.close()

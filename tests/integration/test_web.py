@@ -21,6 +21,7 @@ from pgq_supervisor.jobs import AttemptKind, JobId, JobState, JsonValue, NewJob
 from pgq_supervisor.periodic import Schedule
 from pgq_supervisor.web import ACTIONS, create_app
 from pgq_supervisor.web.app import Action
+from pgq_supervisor.web.csrf import WRONG_TOKEN
 from tests.readme import doc_texts
 from tests.support.db import SCHEMA, claim, claim_one, count_rows, get
 
@@ -332,6 +333,13 @@ def test_the_readme_http_basic_example_asks_checks_and_separates_roles(
         data = {"csrf": token.group(1)}
         assert client.post(retry, data=data, auth=("viewer", "v1ew")).status_code == 403
         assert get(conn, failed).state is JobState.FAILED
+        # the token is bound to the credentials it was minted for: the viewer's is not oncall's
+        refused = client.post(retry, data=data, auth=("oncall", "s3cret"))
+        assert (refused.status_code, refused.text) == (403, WRONG_TOKEN)
+        page = client.get(f"/jobs/{failed}", auth=("oncall", "s3cret"))
+        token = CSRF_RE.search(page.text)
+        assert token is not None
+        data = {"csrf": token.group(1)}
         assert client.post(retry, data=data, auth=("oncall", "s3cret")).status_code == 200
         assert get(conn, failed).state is JobState.PENDING
     app.state.pgq_close()

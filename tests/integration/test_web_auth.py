@@ -166,3 +166,30 @@ def test_basic_auth_asks_for_credentials_and_lets_its_user_act(dsn: str, conn: C
 def test_basic_auth_needs_a_user_and_a_password(bad: tuple[str, str]) -> None:
     with pytest.raises(ValueError, match="needs a user and a password"):
         basic_auth(*bad)
+
+
+def test_the_csrf_secret_is_the_deployments_and_must_be_long_enough(dsn: str, conn: Conn) -> None:
+    """Two apps with one secret accept each other's tokens (replicas behind one address); two
+    without one (each a random secret) do not; a short secret is refused."""
+    with pytest.raises(ValueError, match="at least 16 bytes"):
+        create_app(dsn, secret="short")
+    secret = "s" * 32
+    pairs = [
+        (
+            create_app(dsn, authorize=everyone, secret=secret),
+            create_app(dsn, authorize=everyone, secret=secret),
+            200,
+        ),
+        (create_app(dsn, authorize=everyone), create_app(dsn, authorize=everyone), 403),
+    ]
+    for n, (minting, checking, status) in enumerate(pairs):
+        failed = fail_job(conn, f"t{n}")
+        with TestClient(minting) as first, TestClient(checking) as second:
+            found = CSRF_RE.search(first.get(f"/jobs/{failed}").text)
+            assert found is not None
+            second.cookies.set("pgq_csrf", first.cookies["pgq_csrf"])
+            answer = second.post(f"/jobs/{failed}/retry", data={"csrf": found.group(1)})
+            assert answer.status_code == status, answer.text
+        assert get(conn, failed).state is (JobState.PENDING if status == 200 else JobState.FAILED)
+        minting.state.pgq_close()
+        checking.state.pgq_close()
