@@ -91,17 +91,10 @@ IN_FLIGHT_EVERY = 1.0  # how often the in-flight gauge reads the children's slot
 
 class Supervisor:
     def __init__(
-        self,
-        settings: Settings,
-        registry: Registry,
-        dsn: str,
-        *,
-        metrics: Metrics | None = None,
-        spawner: Spawner = spawn_process,
-        clock: Callable[[], float] = time.monotonic,
-        rng: random.Random | None = None,
-        services: Services | None = None,
-    ) -> None:
+        self, settings: Settings, registry: Registry, dsn: str, *, metrics: Metrics | None = None,
+        spawner: Spawner = spawn_process, clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None, services: Services | None = None,
+    ) -> None:  # fmt: skip
         self.settings = settings
         self.registry = registry
         self.dsn = dsn
