@@ -23,13 +23,16 @@ BUSY = "bench_busy"
 NAP = "bench_nap"
 
 registry = pgq.Registry()
-# The I/O-bound jobs of the `io` group: their own registry, so that the async handler does
-# not put every other benchmark's children on the event loop (a child serving an async
-# handler runs inflight.py's loop, even at concurrency 1).
+# The I/O-bound jobs of the `io` group: registries of their own, so that the async handler
+# does not put every other benchmark's children on the event loop (a child serving an async
+# handler runs inflight.py's loop, even at concurrency 1); the async one alone in its own, as
+# an all-async application is (its children adapt their jobs in flight: worker/adaptive.py).
 IO_APP = "benchmarks.apps:io_registry"
+IO_THREADS_APP = "benchmarks.apps:io_threads_registry"
 ASLEEP = "bench_asleep"
 TSLEEP = "bench_tsleep"
 io_registry = pgq.Registry()
+io_threads_registry = pgq.Registry()
 
 
 @registry.handler(NOOP)
@@ -134,7 +137,7 @@ async def asleep(payload: SleepPayload) -> None:
     await asyncio.sleep(payload.seconds)
 
 
-@io_registry.handler(TSLEEP)
+@io_threads_registry.handler(TSLEEP)
 def tsleep(payload: SleepPayload) -> None:
     """Waits on I/O the blocking way (a sync client library): runs in the child's threads."""
     time.sleep(payload.seconds)

@@ -29,7 +29,7 @@ import psycopg
 from psycopg.rows import TupleRow
 
 import pgq_supervisor as pgq
-from benchmarks.apps import ASLEEP, IO_APP, NOOP, SPIN, TSLEEP, spin
+from benchmarks.apps import ASLEEP, IO_APP, IO_THREADS_APP, NOOP, SPIN, TSLEEP, spin
 from benchmarks.enqueue import BULK_CHUNK, reset
 from benchmarks.procs import BenchError, Supervisor, running, wait_for
 from benchmarks.report import Json
@@ -229,7 +229,7 @@ def run_io(
         job_type=TSLEEP if threads else ASLEEP,
         payload={"seconds": seconds},
         supervisor_args=(*supervisor_args, *flag),
-        app=IO_APP,
+        app=IO_THREADS_APP if threads else IO_APP,
     )
 
 

@@ -114,7 +114,7 @@ class Settings(BaseSettings):
         1,
         ge=1,
         le=1000,
-        description="most jobs one child runs at once; unset, an async child adapts (up to 1000)",
+        description="most jobs one child runs at once; unset, an all-async child adapts (to 1000)",
     )
     connection_budget: Literal["shrink", "refuse", "off"] = Field(
         "shrink",

@@ -1382,29 +1382,52 @@ CREATE OR REPLACE FUNCTION job_notify_due()
  LANGUAGE plpgsql
  SET search_path FROM CURRENT
 AS $function$
+DECLARE
+    due_types text[];
+    due_at    timestamptz[];
 BEGIN
-    PERFORM pg_notify('pgq_job_due', round(extract(epoch FROM min(n.start_at)
-                                                          - clock_timestamp()), 3) || ' ' || n.type)
-    FROM due_new_rows n
-    WHERE n.state = 'pending' AND n.waiting_on = 0 AND n.start_at > now()
-    GROUP BY n.type;
+    SELECT array_agg(t.type), array_agg(t.due) INTO due_types, due_at
+    FROM (SELECT n.type, min(n.start_at) AS due FROM due_new_rows n
+          WHERE n.state = 'pending' AND n.waiting_on = 0 AND n.start_at > now()
+          GROUP BY n.type) t;
+    IF due_types IS NOT NULL THEN
+        PERFORM job_notify_due_of(due_types, due_at);
+    END IF;
     RETURN NULL;
 END $function$;
+
+CREATE OR REPLACE FUNCTION job_notify_due_of(p_types text[], p_due timestamp with time zone[])
+ RETURNS void
+ LANGUAGE sql
+ SET search_path FROM CURRENT
+AS $function$
+    SELECT count(pg_notify('pgq_job_due',
+                           round(extract(epoch FROM d.due - clock_timestamp()), 3) || ' ' || d.type))
+    FROM unnest(p_types, p_due) AS d(type, due)
+$function$;
 
 CREATE OR REPLACE FUNCTION job_notify_inserted()
  RETURNS trigger
  LANGUAGE plpgsql
  SET search_path FROM CURRENT
 AS $function$
+DECLARE
+    due_types text[];
+    due_at    timestamptz[];
 BEGIN
-    PERFORM pg_notify('pgq_job_available', t.type)
-    FROM (SELECT DISTINCT n.type FROM new_jobs n
-          WHERE n.state = 'pending' AND n.waiting_on = 0 AND n.start_at <= now()) t;
-    PERFORM pg_notify('pgq_job_due', round(extract(epoch FROM min(n.start_at)
-                                                          - clock_timestamp()), 3) || ' ' || n.type)
-    FROM new_jobs n
-    WHERE n.state = 'pending' AND n.waiting_on = 0 AND n.start_at > now()
-    GROUP BY n.type;
+    WITH t AS (
+        SELECT n.type, bool_or(n.start_at <= now()) AS ready,
+               min(n.start_at) FILTER (WHERE n.start_at > now()) AS due
+        FROM new_jobs n WHERE n.state = 'pending' AND n.waiting_on = 0
+        GROUP BY n.type
+    ), sent AS (
+        SELECT count(pg_notify('pgq_job_available', t.type)) AS n FROM t WHERE t.ready
+    )
+    SELECT array_agg(t.type), array_agg(t.due) INTO due_types, due_at
+    FROM t WHERE t.due IS NOT NULL AND (SELECT s.n FROM sent s) >= 0;
+    IF due_types IS NOT NULL THEN
+        PERFORM job_notify_due_of(due_types, due_at);
+    END IF;
     RETURN NULL;
 END $function$;
 

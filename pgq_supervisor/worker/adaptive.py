@@ -28,13 +28,14 @@ ADAPTIVE_MOST: Final = 1000
 
 
 def adaptive_in_flight(settings: Settings, registry: Registry, types: Sequence[str]) -> int:
-    """ADAPTIVE_MOST for children that serve an `async def` handler when no `concurrency` was
-    given (flag, PGQ_CONCURRENCY or .env): their async jobs in flight adapt to the work (the
-    sync handlers they also serve run one job of a type at a time: inflight.py); else
-    0, a fixed concurrency."""
+    """ADAPTIVE_MOST for children whose handlers are all `async def` when no `concurrency` was
+    given (flag, PGQ_CONCURRENCY or .env): their jobs in flight adapt to the work. Else 0, a
+    fixed concurrency: a child that also serves a sync handler runs one job at a time, in
+    priority order, as before (a CPU-bound handler gains nothing beside others in threads)."""
     if "concurrency" in settings.model_fields_set:
         return 0
-    if not any((h := registry.handlers.get(t)) is not None and h.is_async for t in types):
+    handlers = [registry.handlers.get(t) for t in types]
+    if not handlers or any(h is None or not h.is_async for h in handlers):
         return 0
     return ADAPTIVE_MOST
 

@@ -117,10 +117,6 @@ class InFlightWorker(Admission, BaseWorker):
             handler = registry.handlers.get(t)
             if handler is not None and handler.concurrency is not None:
                 self.caps[t] = min(handler.concurrency, self.capacity)
-            elif handler is not None and spec.adaptive and not handler.is_async:
-                # an adaptive child's sync handlers (threads) keep to one job at a time, as
-                # at concurrency 1: a CPU-bound one gains nothing from more threads
-                self.caps[t] = 1
         self.policies: dict[tuple[str, ...], ClaimPolicy] = {}
         self.running: dict[JobId, InFlight] = {}
         self.per_type: dict[str, int] = {}

@@ -263,21 +263,28 @@ def test_a_child_whose_capped_type_is_full_still_takes_other_work_at_once(
     assert sup.stop() == 0
 
 
-def test_at_the_defaults_async_jobs_in_flight_grow_with_the_work_and_sync_ones_stay_one(
+def test_at_the_defaults_async_jobs_in_flight_grow_with_the_work(
     dsn: str, db: Conn, sups: list[Supervisor]
 ) -> None:
-    """No --concurrency: an async child grows past adaptive.START while its jobs wait
-    (worker/adaptive.py); the sync handler it also serves runs one job at a time."""
-    sup = _start(sups, dsn, "--procs", "1", *FAST)
+    """No --concurrency, only async handlers served: a child grows past adaptive.START while
+    its jobs wait (worker/adaptive.py). One that also serves a sync handler runs one at a time
+    (its jobs in priority order, as before)."""
+    sup = _start(sups, dsn, "--procs", "1", "--types", "asleep", *FAST)
     sup.wait_ready(1)
-    jobs = [pgq.NewJob("asleep", {"seconds": 0.3}) for _ in range(600)]
-    jobs += [pgq.NewJob("tsleep", {"seconds": 0.05}) for _ in range(10)]
-    pgq.enqueue_many(db, jobs)
-    counts = wait_for("all jobs finished", lambda: _all_finished(db, len(jobs)), timeout=60)
-    assert counts == {"succeeded": len(jobs)}
+    pgq.enqueue_many(db, [pgq.NewJob("asleep", {"seconds": 0.3}) for _ in range(600)])
+    counts = wait_for("all jobs finished", lambda: _all_finished(db, 600), timeout=60)
+    assert counts == {"succeeded": 600}
     assert _most_at_once(db, "asleep") > 2 * START, "the jobs in flight did not grow"
-    assert _most_at_once(db, "tsleep") == 1, "sync jobs ran side by side in threads"
     assert sup.stop() == 0
+
+    mixed = _start(sups, dsn, "--procs", "1", "--types", "asleep,tsleep", *FAST)
+    mixed.wait_ready(1)
+    db.execute("DELETE FROM pgq.job")
+    pgq.enqueue_many(db, [pgq.NewJob(t, {"seconds": 0.05}) for t in ("asleep", "tsleep") * 10])
+    counts = wait_for("all jobs finished", lambda: _all_finished(db, 20), timeout=60)
+    assert counts == {"succeeded": 20}
+    assert _most_at_once(db) == 1
+    assert mixed.stop() == 0
 
 
 def test_an_explicit_concurrency_is_a_hard_cap(dsn: str, db: Conn, sups: list[Supervisor]) -> None:

@@ -527,6 +527,7 @@ FUNCTIONS |= {
     "claim_pick_floored",
     "job_alive_at",
     "job_notify_due",
+    "job_notify_due_of",
 }
 TRIGGERS["job_notify_due"] = (  # schema/0026: delayed jobs announced when written
     "CREATE TRIGGER job_notify_due AFTER UPDATE ON {s}.job REFERENCING NEW TABLE AS due_new_rows"

@@ -76,7 +76,8 @@ def test_only_async_children_without_a_concurrency_adapt() -> None:
         return None
 
     defaults = load_settings()
-    assert adaptive_in_flight(defaults, registry, ["a", "s"]) == ADAPTIVE_MOST
-    assert adaptive_in_flight(defaults, registry, ["s"]) == 0  # CPU-bound sync: one at a time
+    assert adaptive_in_flight(defaults, registry, ["a"]) == ADAPTIVE_MOST
+    assert adaptive_in_flight(defaults, registry, ["a", "s"]) == 0  # one at a time, as before
+    assert adaptive_in_flight(defaults, registry, ["s"]) == 0
     assert adaptive_in_flight(load_settings(concurrency=1), registry, ["a"]) == 0  # as given
     assert adaptive_in_flight(load_settings(concurrency=50), registry, ["a"]) == 0
