@@ -81,12 +81,7 @@ class Feeder(threading.Thread):
         try:
             with psycopg.connect(self.dsn, autocommit=True) as conn:
                 while not self.done.is_set():
-                    row = conn.execute(
-                        "SELECT count(*) FROM pgq.job WHERE type = %s AND state = 'pending'",
-                        (NOOP,),
-                    ).fetchone()
-                    pending = 0 if row is None else int(row[0])
-                    if pending < BACKLOG:
+                    if _pending_noops(conn) < BACKLOG:
                         jobs = [pgq.NewJob(NOOP)] * TOP_UP
                         pgq.enqueue_many(conn, jobs, schema=SCHEMA)
                     else:
