@@ -246,6 +246,19 @@ def run(dsn: str, n: int) -> list[Step]:
             measure(conn, "success of bundled jobs", n, lambda: _succeed_all(conn, claimed))
         )
 
+        # unique keys: held from the enqueue to the end (job_unique since schema/0027)
+        def enqueue_unique() -> None:
+            for k in range(0, n, BATCH):
+                batch = range(k, min(k + BATCH, n))
+                pgq.enqueue_many(conn, [pgq.NewJob(TYPE, {}, unique_key=f"u{i}") for i in batch])
+
+        steps.append(measure(conn, "enqueue with a unique_key (100 a call)", n, enqueue_unique))
+        held = []
+        steps.append(
+            measure(conn, "claim of unique jobs", n, lambda: held.extend(_claim_all(conn, n)))
+        )
+        steps.append(measure(conn, "success of unique jobs", n, lambda: _succeed_all(conn, held)))
+
         # retention: every finished job, by the public call
         finished = conn.execute(
             "SELECT count(*) FROM pgq.job WHERE stopped_at IS NOT NULL"

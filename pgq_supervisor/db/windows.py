@@ -26,7 +26,8 @@ from pgq_supervisor.db.option_params import OrderedLinkParams, UniqueHoldersPara
 from pgq_supervisor.errors import InvalidInput
 from pgq_supervisor.jobs import MAX_DURATION, BundleId, JobId, JobState, NewJob
 
-# Unfinished jobs always hold their key (job_unique_key_idx): only finished states are a choice.
+# Unfinished jobs always hold their key (job_unique, schema/0027): only finished states are a
+# choice.
 _FINISHED = ("succeeded", "failed", "cancelled")
 _DEFAULT_STATES = ("pending", "running", "succeeded")
 

@@ -149,6 +149,10 @@ SUPERVISOR_COLUMNS = {
     "locked_on": ("text", True),
     "child_beats": ("boolean", False),
 }
+JOB_UNIQUE_COLUMNS = {  # schema/0027: the unique key held by an unfinished job
+    "unique_key": ("text", False),
+    "job_id": ("uuid", False),
+}
 WORKER_COLUMNS = {
     "id": ("text", False),
     "alive_at": ("timestamp with time zone", False),
@@ -528,10 +532,46 @@ FUNCTIONS |= {
     "job_alive_at",
     "job_notify_due",
     "job_notify_due_of",
+    "job_unique_hold",
+    "job_unique_release",
+    "job_unique_truncated",
 }
 TRIGGERS["job_notify_due"] = (  # schema/0026: delayed jobs announced when written
     "CREATE TRIGGER job_notify_due AFTER UPDATE ON {s}.job REFERENCING NEW TABLE AS due_new_rows"
     " FOR EACH STATEMENT EXECUTE FUNCTION {s}.job_notify_due()"
+)
+
+INDEXES["job_unique_pkey"] = (
+    "CREATE UNIQUE INDEX job_unique_pkey ON {s}.job_unique USING btree (unique_key)"
+)
+_UNFINISHED = "ARRAY['pending'::{s}.job_state, 'running'::{s}.job_state]"
+TRIGGERS["job_unique_hold"] = (  # schema/0027: the key's row follows the job's state
+    "CREATE TRIGGER job_unique_hold AFTER INSERT ON {s}.job FOR EACH ROW"
+    f" WHEN (((new.unique_key IS NOT NULL) AND (new.state = ANY ({_UNFINISHED}))))"
+    " EXECUTE FUNCTION {s}.job_unique_hold()"
+)
+TRIGGERS["job_unique_release"] = (
+    "CREATE TRIGGER job_unique_release AFTER UPDATE OF state, unique_key ON {s}.job FOR EACH ROW"
+    f" WHEN (((old.unique_key IS NOT NULL) AND (old.state = ANY ({_UNFINISHED}))"
+    f" AND ((new.state <> ALL ({_UNFINISHED}))"
+    " OR (new.unique_key IS DISTINCT FROM old.unique_key))))"
+    " EXECUTE FUNCTION {s}.job_unique_release()"
+)
+TRIGGERS["job_unique_rehold"] = (
+    "CREATE TRIGGER job_unique_rehold AFTER UPDATE OF state, unique_key ON {s}.job FOR EACH ROW"
+    f" WHEN (((new.unique_key IS NOT NULL) AND (new.state = ANY ({_UNFINISHED}))"
+    f" AND ((old.state <> ALL ({_UNFINISHED}))"
+    " OR (old.unique_key IS DISTINCT FROM new.unique_key))))"
+    " EXECUTE FUNCTION {s}.job_unique_hold()"
+)
+TRIGGERS["job_unique_deleted"] = (
+    "CREATE TRIGGER job_unique_deleted AFTER DELETE ON {s}.job FOR EACH ROW"
+    f" WHEN (((old.unique_key IS NOT NULL) AND (old.state = ANY ({_UNFINISHED}))))"
+    " EXECUTE FUNCTION {s}.job_unique_release()"
+)
+TRIGGERS["job_unique_truncated"] = (
+    "CREATE TRIGGER job_unique_truncated AFTER TRUNCATE ON {s}.job FOR EACH STATEMENT"
+    " EXECUTE FUNCTION {s}.job_unique_truncated()"
 )
 
 
@@ -559,6 +599,7 @@ def assert_declared_schema(conn: Conn, s: str) -> None:
         "job",
         "job_bundle",
         "job_dependency",
+        "job_unique",
         "schedule",
         "schema_version",
         "supervisor",
@@ -587,6 +628,7 @@ def assert_declared_schema(conn: Conn, s: str) -> None:
     assert _columns(conn, s, "fair_cursor") == FAIR_CURSOR_COLUMNS
     assert _columns(conn, s, "tenant_weight") == TENANT_WEIGHT_COLUMNS
     assert _columns(conn, s, "claim_floor") == CLAIM_FLOOR_COLUMNS
+    assert _columns(conn, s, "job_unique") == JOB_UNIQUE_COLUMNS
 
     labels = conn.execute(
         "SELECT e.enumlabel FROM pg_enum e JOIN pg_type t ON t.oid = e.enumtypid"

@@ -66,4 +66,4 @@ def test_the_window_lookup_uses_its_partial_index(conn: Conn) -> None:
     scans = _scans(json.loads(lookups[0]))
     assert ("Seq Scan", "") not in scans, scans
     indexes = {index for _, index in scans}
-    assert {"job_unique_key_idx", "job_unique_finished_idx"} <= indexes, scans
+    assert {"job_unique_pkey", "job_unique_finished_idx"} <= indexes, scans  # schema/0027

@@ -57,6 +57,14 @@ WHERE j.waiting_on > 0
            WHERE e.job_id = j.id
              AND (d.state IN ('pending', 'running')
                   OR (d.state IN ('failed', 'cancelled') AND j.on_dependency_failure = 'cancel'))))
+UNION ALL
+SELECT 'U1 job_unique holds exactly the unfinished jobs with a unique_key', coalesce(
+           u.unique_key, j.unique_key)
+FROM {schema}.job_unique u
+FULL JOIN (SELECT x.id, x.unique_key FROM {schema}.job x
+           WHERE x.unique_key IS NOT NULL AND x.state IN ('pending', 'running')) j
+       ON j.unique_key = u.unique_key AND j.id = u.job_id
+WHERE u.job_id IS NULL OR j.id IS NULL
 """
 
 # Bundles whose completion jobs do not number exactly their transitions to complete, as
@@ -93,7 +101,7 @@ def q(text: LiteralString) -> sql.Composed:
 
 
 def violations(conn: db.Conn) -> list[tuple[str, str]]:
-    """B1-B3, J1-J4 and D1 broken anywhere in the database, read from one snapshot."""
+    """B1-B3, J1-J4, D1 and U1 broken anywhere in the database, read from one snapshot."""
     rows = conn.execute(q(_VIOLATIONS), {"terminal": TERMINAL}).fetchall()
     return [(r[0], r[1]) for r in rows]
 
