@@ -4,14 +4,15 @@
 -- its partition key (step 4 partitions job by id), and the wide table's index took an entry
 -- at the enqueue and another at the claim (the claim's update is never HOT). Now the key is
 -- held by a row of job_unique (key, holder) from the job's enqueue (or its return to pending)
--- to the end of its last attempt, and the producers take it there: the enqueue's statement
--- inserts the key first (ON CONFLICT DO NOTHING) and the job only when it got the key.
+-- to the end of its last attempt.
 --
 -- Row triggers keep the table true whoever writes job (this code, a producer of the previous
--- version, users' own SQL): an unfinished job with a key holds it (a second one is refused
--- with unique_violation, as the index refused it), a job that finishes, is deleted or changes
--- its key lets it go. Their WHEN clauses skip every job without a unique_key, so the hot path
--- of other jobs runs no trigger; the claim (pending to running) fires none either.
+-- version, users' own SQL). A job inserted with a key takes it before its row is written; a
+-- key already held inserts nothing, as the enqueue's ON CONFLICT DO NOTHING did (so a plain
+-- INSERT needs no ON CONFLICT clause, and one naming the old index still works). A job put
+-- back to pending takes its key again or is refused with unique_violation, as the index
+-- refused it; a job that finishes, is deleted or changes its key lets it go. Their WHEN
+-- clauses skip every job without a unique_key, and the claim (pending to running) fires none.
 --
 -- job_unique_key_idx stays for one version, so that a producer of the previous version (its
 -- ON CONFLICT names that index) keeps working during a rolling upgrade; step 4 drops it,
@@ -27,21 +28,24 @@ INSERT INTO job_unique (unique_key, job_id)
 SELECT unique_key, id FROM job
 WHERE unique_key IS NOT NULL AND state IN ('pending', 'running');
 
--- The row (new) holds its key: taken by the statement that wrote it (the enqueue takes it
--- first), or taken here; held by another job: unique_violation, as the index said it.
-CREATE FUNCTION job_unique_hold() RETURNS trigger
+-- A job inserted with a key takes it, or is not inserted when another job holds it.
+CREATE FUNCTION job_unique_take() RETURNS trigger
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 BEGIN
     INSERT INTO job_unique (unique_key, job_id) VALUES (new.unique_key, new.id)
     ON CONFLICT (unique_key) DO NOTHING;
-    IF NOT FOUND AND NOT EXISTS (
-        SELECT 1 FROM job_unique u WHERE u.unique_key = new.unique_key AND u.job_id = new.id
-    ) THEN
-        RAISE unique_violation USING
-            MESSAGE = 'duplicate key value violates unique constraint "job_unique_pkey"',
-            DETAIL = format('Key (unique_key)=(%s) already exists.', new.unique_key),
-            TABLE = 'job_unique', CONSTRAINT = 'job_unique_pkey';
+    IF FOUND THEN
+        RETURN new;
     END IF;
+    RETURN NULL;
+END $$;
+
+-- A job back to pending (or given a key) takes it; held by another job: unique_violation on
+-- job_unique_pkey, as the index refused it.
+CREATE FUNCTION job_unique_hold() RETURNS trigger
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+BEGIN
+    INSERT INTO job_unique (unique_key, job_id) VALUES (new.unique_key, new.id);
     RETURN NULL;
 END $$;
 
@@ -60,9 +64,9 @@ BEGIN
     RETURN NULL;
 END $$;
 
-CREATE TRIGGER job_unique_hold AFTER INSERT ON job
+CREATE TRIGGER job_unique_take BEFORE INSERT ON job
     FOR EACH ROW WHEN (new.unique_key IS NOT NULL AND new.state IN ('pending', 'running'))
-    EXECUTE FUNCTION job_unique_hold();
+    EXECUTE FUNCTION job_unique_take();
 
 -- Alphabetical order fires job_unique_rehold after job_unique_release: a key moved from one
 -- row to another in one statement is let go before it is taken.

@@ -324,11 +324,11 @@ CREATE TRIGGER job_tenant_type AFTER INSERT ON job FOR EACH ROW WHEN (new.tenant
 
 CREATE TRIGGER job_unique_deleted AFTER DELETE ON job FOR EACH ROW WHEN (old.unique_key IS NOT NULL AND (old.state = ANY (ARRAY['pending'::job_state, 'running'::job_state]))) EXECUTE FUNCTION job_unique_release();
 
-CREATE TRIGGER job_unique_hold AFTER INSERT ON job FOR EACH ROW WHEN (new.unique_key IS NOT NULL AND (new.state = ANY (ARRAY['pending'::job_state, 'running'::job_state]))) EXECUTE FUNCTION job_unique_hold();
-
 CREATE TRIGGER job_unique_rehold AFTER UPDATE OF state, unique_key ON job FOR EACH ROW WHEN (new.unique_key IS NOT NULL AND (new.state = ANY (ARRAY['pending'::job_state, 'running'::job_state])) AND ((old.state <> ALL (ARRAY['pending'::job_state, 'running'::job_state])) OR old.unique_key IS DISTINCT FROM new.unique_key)) EXECUTE FUNCTION job_unique_hold();
 
 CREATE TRIGGER job_unique_release AFTER UPDATE OF state, unique_key ON job FOR EACH ROW WHEN (old.unique_key IS NOT NULL AND (old.state = ANY (ARRAY['pending'::job_state, 'running'::job_state])) AND ((new.state <> ALL (ARRAY['pending'::job_state, 'running'::job_state])) OR new.unique_key IS DISTINCT FROM old.unique_key)) EXECUTE FUNCTION job_unique_release();
+
+CREATE TRIGGER job_unique_take BEFORE INSERT ON job FOR EACH ROW WHEN (new.unique_key IS NOT NULL AND (new.state = ANY (ARRAY['pending'::job_state, 'running'::job_state]))) EXECUTE FUNCTION job_unique_take();
 
 CREATE TRIGGER job_unique_truncated AFTER TRUNCATE ON job FOR EACH STATEMENT EXECUTE FUNCTION job_unique_truncated();
 
@@ -1554,16 +1554,7 @@ CREATE OR REPLACE FUNCTION job_unique_hold()
  SET search_path FROM CURRENT
 AS $function$
 BEGIN
-    INSERT INTO job_unique (unique_key, job_id) VALUES (new.unique_key, new.id)
-    ON CONFLICT (unique_key) DO NOTHING;
-    IF NOT FOUND AND NOT EXISTS (
-        SELECT 1 FROM job_unique u WHERE u.unique_key = new.unique_key AND u.job_id = new.id
-    ) THEN
-        RAISE unique_violation USING
-            MESSAGE = 'duplicate key value violates unique constraint "job_unique_pkey"',
-            DETAIL = format('Key (unique_key)=(%s) already exists.', new.unique_key),
-            TABLE = 'job_unique', CONSTRAINT = 'job_unique_pkey';
-    END IF;
+    INSERT INTO job_unique (unique_key, job_id) VALUES (new.unique_key, new.id);
     RETURN NULL;
 END $function$;
 
@@ -1574,6 +1565,20 @@ CREATE OR REPLACE FUNCTION job_unique_release()
 AS $function$
 BEGIN
     DELETE FROM job_unique u WHERE u.unique_key = old.unique_key AND u.job_id = old.id;
+    RETURN NULL;
+END $function$;
+
+CREATE OR REPLACE FUNCTION job_unique_take()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SET search_path FROM CURRENT
+AS $function$
+BEGIN
+    INSERT INTO job_unique (unique_key, job_id) VALUES (new.unique_key, new.id)
+    ON CONFLICT (unique_key) DO NOTHING;
+    IF FOUND THEN
+        RETURN new;
+    END IF;
     RETURN NULL;
 END $function$;
 

@@ -14,44 +14,23 @@ VALUES (%(id)s, %(type)s, %(payload)s, %(priority)s, coalesce(%(start_at)s, now(
         %(concurrency_key)s, %(tenant)s, %(trace_context)s)
 
 -- name: enqueue_unique
--- One job. A unique_key already held by an unfinished job makes this insert nothing: the key
--- is taken in job_unique first (schema/0027), the job inserted only when it was free.
-WITH held AS (
-    INSERT INTO {schema}.job_unique (unique_key, job_id) VALUES (%(unique_key)s, %(id)s)
-    ON CONFLICT (unique_key) DO NOTHING
-    RETURNING job_id
-)
+-- One job. A unique_key already held by an unfinished job makes this insert nothing (the
+-- trigger job_unique_take of schema/0027 takes the key, or drops the row).
 INSERT INTO {schema}.job (id, type, payload, priority, start_at, max_retry_count, unique_key,
                           origin, timeout, depends_on, on_dependency_failure, waiting_on,
                           concurrency_key, tenant, trace_context)
-SELECT h.job_id, %(type)s, %(payload)s, %(priority)s, coalesce(%(start_at)s, now()),
-       %(max_retry_count)s, %(unique_key)s, %(origin)s, %(timeout)s, %(depends_on)s::uuid[],
-       %(on_dependency_failure)s, coalesce(cardinality(%(depends_on)s::uuid[]), 0),
-       %(concurrency_key)s, %(tenant)s, %(trace_context)s
-FROM held h
+VALUES (%(id)s, %(type)s, %(payload)s, %(priority)s, coalesce(%(start_at)s, now()),
+        %(max_retry_count)s, %(unique_key)s, %(origin)s, %(timeout)s, %(depends_on)s::uuid[],
+        %(on_dependency_failure)s, coalesce(cardinality(%(depends_on)s::uuid[]), 0),
+        %(concurrency_key)s, %(tenant)s, %(trace_context)s)
 RETURNING id
 
 -- name: enqueue_many
 -- Many jobs in one statement from parallel arrays; ids are made by the client so the caller
 -- gets them back in input order. The statement-level trigger notifies once per type.
 -- `depends_ons[i]` is job i's dependencies as an array literal (arrays of arrays must be
--- rectangular), NULL for none. Unique keys (each at most once in a batch: the client refuses
--- a repeat) are taken in job_unique first (schema/0027); a job is inserted when it got its key.
-WITH new_jobs AS MATERIALIZED (
-    SELECT * FROM unnest(%(ids)s::uuid[], %(types)s::text[], %(payloads)s::jsonb[],
-                         %(priorities)s::int[], %(start_ats)s::timestamptz[],
-                         %(max_retry_counts)s::int[], %(unique_keys)s::text[],
-                         %(origins)s::text[], %(timeouts)s::float8[], %(depends_ons)s::text[],
-                         %(on_dependency_failures)s::text[], %(concurrency_keys)s::text[],
-                         %(tenants)s::text[])
-         AS n(id, type, payload, priority, start_at, max_retry_count, unique_key, origin,
-              timeout, depends_on, on_failure, concurrency_key, tenant)
-), held AS (
-    INSERT INTO {schema}.job_unique (unique_key, job_id)
-    SELECT n.unique_key, n.id FROM new_jobs n WHERE n.unique_key IS NOT NULL
-    ON CONFLICT (unique_key) DO NOTHING
-    RETURNING job_id
-)
+-- rectangular), NULL for none. A job whose unique_key is held is not inserted (the trigger
+-- job_unique_take of schema/0027); the client refuses a key repeated within a batch.
 INSERT INTO {schema}.job (id, bundle_id, type, payload, priority, start_at, max_retry_count,
                           unique_key, origin, timeout, depends_on, on_dependency_failure,
                           waiting_on, concurrency_key, tenant, trace_context)
@@ -59,8 +38,13 @@ SELECT n.id, %(bundle_id)s, n.type, n.payload, n.priority, coalesce(n.start_at, 
        n.max_retry_count, n.unique_key, n.origin, n.timeout, n.depends_on::uuid[], n.on_failure,
        coalesce(cardinality(n.depends_on::uuid[]), 0), n.concurrency_key, n.tenant,
        %(trace_context)s
-FROM new_jobs n
-WHERE n.unique_key IS NULL OR n.id IN (SELECT h.job_id FROM held h)
+FROM unnest(%(ids)s::uuid[], %(types)s::text[], %(payloads)s::jsonb[], %(priorities)s::int[],
+            %(start_ats)s::timestamptz[], %(max_retry_counts)s::int[], %(unique_keys)s::text[],
+            %(origins)s::text[], %(timeouts)s::float8[], %(depends_ons)s::text[],
+            %(on_dependency_failures)s::text[], %(concurrency_keys)s::text[],
+            %(tenants)s::text[])
+     AS n(id, type, payload, priority, start_at, max_retry_count, unique_key, origin, timeout,
+          depends_on, on_failure, concurrency_key, tenant)
 RETURNING id
 
 -- name: link_dependencies
@@ -703,16 +687,11 @@ WITH advanced AS (
     WHERE name = %(name)s AND (last_tick IS NULL OR last_tick < %(tick)s)
       AND paused_at IS NULL
     RETURNING name
-), held AS ( -- the tick's key (schema/0027): held by an unfinished job, nothing is inserted
-    INSERT INTO {schema}.job_unique (unique_key, job_id)
-    SELECT %(unique_key)s, %(id)s FROM advanced
-    ON CONFLICT (unique_key) DO NOTHING
-    RETURNING job_id
 )
+-- the tick's key held by an unfinished job: nothing is inserted (job_unique_take, 0027)
 INSERT INTO {schema}.job (id, type, payload, priority, start_at, unique_key, origin)
-SELECT h.job_id, %(type)s, %(payload)s, %(priority)s, %(tick)s, %(unique_key)s,
-       'periodic:' || a.name
-FROM advanced a, held h
+SELECT %(id)s, %(type)s, %(payload)s, %(priority)s, %(tick)s, %(unique_key)s, 'periodic:' || name
+FROM advanced
 RETURNING id
 
 -- name: schedules_list

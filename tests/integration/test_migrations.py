@@ -534,6 +534,7 @@ FUNCTIONS |= {
     "job_notify_due_of",
     "job_unique_hold",
     "job_unique_release",
+    "job_unique_take",
     "job_unique_truncated",
 }
 TRIGGERS["job_notify_due"] = (  # schema/0026: delayed jobs announced when written
@@ -545,10 +546,10 @@ INDEXES["job_unique_pkey"] = (
     "CREATE UNIQUE INDEX job_unique_pkey ON {s}.job_unique USING btree (unique_key)"
 )
 _UNFINISHED = "ARRAY['pending'::{s}.job_state, 'running'::{s}.job_state]"
-TRIGGERS["job_unique_hold"] = (  # schema/0027: the key's row follows the job's state
-    "CREATE TRIGGER job_unique_hold AFTER INSERT ON {s}.job FOR EACH ROW"
+TRIGGERS["job_unique_take"] = (  # schema/0027: the key's row follows the job's state
+    "CREATE TRIGGER job_unique_take BEFORE INSERT ON {s}.job FOR EACH ROW"
     f" WHEN (((new.unique_key IS NOT NULL) AND (new.state = ANY ({_UNFINISHED}))))"
-    " EXECUTE FUNCTION {s}.job_unique_hold()"
+    " EXECUTE FUNCTION {s}.job_unique_take()"
 )
 TRIGGERS["job_unique_release"] = (
     "CREATE TRIGGER job_unique_release AFTER UPDATE OF state, unique_key ON {s}.job FOR EACH ROW"
