@@ -31,7 +31,7 @@ def _claimed_since(db: Conn, since: datetime) -> bool:
         " AND state = 'idle' AND query_start > %s AND query LIKE 'WITH claimed AS (%%'",
         (since,),
     ).fetchone()
-    return row is not None and row[0] > 0
+    return row is not None and row[0] != 0
 
 
 def test_rate_20_per_second_over_200_jobs_on_two_supervisors(
