@@ -28,7 +28,7 @@ def registry_of_kinds() -> pgq.Registry:
     @registry.handler("adouble")
     async def adouble(payload: dict[str, int], job: pgq.Job) -> int:
         job.report_progress(0.5)
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # a real suspension on the drain's loop, not a wait
         return payload["n"] * 2
 
     @registry.handler("abort")

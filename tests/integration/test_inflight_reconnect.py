@@ -39,7 +39,7 @@ registry = pgq.Registry()
 
 @registry.handler("a")
 async def nap(payload: dict[str, float]) -> None:
-    await asyncio.sleep(payload.get("seconds", 0.01))
+    await asyncio.sleep(payload.get("seconds", 0.01))  # the job's simulated async I/O
 
 
 def _expect(pipe: Connection, kind: type) -> None:

@@ -105,11 +105,18 @@ def test_racing_producers_and_workers_keep_each_key_in_order(dsn: str, conn: Con
     """Four producers enqueue into two keys while two workers drain: no job of a key starts
     before the one enqueued before it finished, and none is left waiting."""
     stop = threading.Event()
+    errors: list[BaseException] = []
+    ran_by_workers = [0]  # the main thread's drains below would run anything they did not
 
     def work() -> None:
-        with psycopg.connect(dsn, autocommit=True) as w:
-            while not stop.is_set():
-                testing.drain(w, registry, batch=5)
+        try:
+            with psycopg.connect(dsn, autocommit=True) as w:
+                while not stop.is_set():
+                    done = testing.drain(w, registry, batch=5).succeeded
+                    with lock:
+                        ran_by_workers[0] += done
+        except BaseException as exc:
+            errors.append(exc)
 
     def produce(i: int) -> None:
         with psycopg.connect(dsn, autocommit=True) as p:
@@ -127,6 +134,7 @@ def test_racing_producers_and_workers_keep_each_key_in_order(dsn: str, conn: Con
         stop.set()
         for w in workers:
             w.join(timeout=30)
+    assert errors == [] and ran_by_workers[0] > 0
     testing.drain(conn, registry)
     row = conn.execute("SELECT count(*) FROM pgq.job WHERE state <> 'succeeded'").fetchone()
     assert row == (0,)

@@ -34,7 +34,7 @@ def double(payload: dict[str, int]) -> int:
 
 @registry.handler("adouble")
 async def adouble(payload: dict[str, int]) -> int:
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # a real suspension on the drain's loop, not a wait
     return payload["n"] * 2
 
 

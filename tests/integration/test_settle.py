@@ -81,7 +81,7 @@ def registry(dsn: str) -> pgq.Registry:
 
     @registry.handler("nap", max_retry_count=0)
     async def nap(payload: dict[str, bool]) -> None:
-        await asyncio.sleep(30)
+        await asyncio.sleep(30)  # outlives the timeout it is run with: cancelled at it
 
     return registry
 

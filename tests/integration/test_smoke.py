@@ -54,7 +54,7 @@ def test_async_handlers_run_inline_and_in_a_drain(conn: Conn) -> None:
 
     @registry.handler("aadd")
     async def aadd(payload: dict[str, int], job: pgq.Job) -> dict[str, int]:
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # a real suspension on the loop, not a wait
         if payload["a"] < 0:
             raise ValueError("negative")
         return {"sum": payload["a"] + payload["b"], "attempt": job.attempt}

@@ -110,7 +110,7 @@ def test_an_async_handler_attempt_is_a_span_too(conn: Conn, exporter: InMemorySp
 
     @registry.handler("traced_async", retry=NO_BACKOFF, max_retry_count=0)
     async def traced_async(payload: dict[str, int]) -> None:
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # a real suspension: the attempt's span spans an await
         if payload["fail"]:
             raise RuntimeError("it fails")
 

@@ -3,13 +3,14 @@ job's latest value out at most once per interval."""
 
 from __future__ import annotations
 
+import json
 import uuid
 
 import pytest
 
 import pgq_supervisor as pgq
 from pgq_supervisor import testing
-from pgq_supervisor.jobs import JobId, JsonValue, LeaseToken
+from pgq_supervisor.jobs import PROGRESS_REPORTER, JobId, JsonValue, LeaseToken
 from pgq_supervisor.worker.progress import MAX_PROGRESS_BYTES, ProgressBuffer, encode
 
 
@@ -26,7 +27,7 @@ def _job(lease: uuid.UUID | None = None) -> pgq.Job:
 )
 def test_good_values_are_encoded(value: float | dict[str, JsonValue], text: str | None) -> None:
     encoded = encode(value)
-    assert text is None or encoded == text
+    assert json.loads(encoded) == value and (text is None or encoded == text)
 
 
 @pytest.mark.parametrize(
@@ -117,4 +118,17 @@ def test_run_inline_records_progress_and_checks_it() -> None:
 
 
 def test_outside_a_worker_report_progress_does_nothing() -> None:
-    _job().report_progress(0.5)
+    """A run binds its reporter for the run only: a job kept past it reports to no one."""
+    registry = pgq.Registry()
+    kept: list[pgq.Job] = []
+
+    @registry.handler("keep")
+    def keep(payload: dict[str, int], job: pgq.Job) -> None:
+        kept.append(job)
+        job.report_progress(0.5)
+
+    seen: list[JsonValue] = []
+    testing.run_inline(registry, "keep", {}, progress=seen)
+    assert seen == [0.5] and PROGRESS_REPORTER.get() is None
+    kept[0].report_progress(1.0)  # after its run: nothing, and nothing raised
+    _job().report_progress(1.0)  # never run at all

@@ -92,7 +92,7 @@ class _Yielding(list[pgq.Job]):
     """A batch whose reads let other threads run first."""
 
     def __getitem__(self, index: Any) -> Any:
-        time.sleep(0)
+        time.sleep(0)  # gives up the GIL mid-read: the racing thread gets in, if it can
         return super().__getitem__(index)
 
 
@@ -118,7 +118,7 @@ def test_no_job_is_both_started_and_cut_with_both_threads_racing() -> None:
     # due as soon as a batch is loaded: the cut races every take. Both steps yield the GIL in
     # the middle (reading the batch; writing the held count): the other thread gets in there,
     # if it can.
-    batch = Unstarted(0.0, lambda n: time.sleep(0))
+    batch = Unstarted(0.0, lambda n: time.sleep(0))  # a GIL yield mid-write, not a wait
     for _ in range(300):
         jobs = _Yielding(_jobs(rng.randint(2, 40)))
         started: list[pgq.Job] = []

@@ -30,7 +30,7 @@ def _span(started: float) -> dict[str, float | int]:
 @registry.handler("asleep", retry=NO_BACKOFF)
 async def asleep(payload: dict[str, float]) -> dict[str, float | int]:
     started = time.time()
-    await asyncio.sleep(payload.get("seconds", 0.1))
+    await asyncio.sleep(payload.get("seconds", 0.1))  # the job's simulated async I/O
     return _span(started)
 
 
@@ -44,7 +44,7 @@ def tsleep(payload: dict[str, float]) -> dict[str, float | int]:
 
 @registry.handler("ahang", timeout=1.0, max_retry_count=1, retry=NO_BACKOFF)
 async def ahang(payload: dict[str, int]) -> None:
-    await asyncio.sleep(3600)
+    await asyncio.sleep(3600)  # never ends by itself: its timeout must cancel it
 
 
 @registry.handler("thang", timeout=1.0, max_retry_count=1, retry=NO_BACKOFF)
@@ -55,7 +55,7 @@ def thang(payload: dict[str, int]) -> None:
 @registry.handler("apoison", max_retry_count=2, retry=NO_BACKOFF)
 async def apoison(payload: dict[str, int]) -> None:
     """Kills its child every time it runs, as a segfault would."""
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.05)  # in flight a moment beside its neighbours, then it kills them
     os._exit(1)
 
 
@@ -69,7 +69,7 @@ async def arecord(
         "INSERT INTO effects (job_id, pid, attempt, note) VALUES (%s, %s, %s, %s)",
         (job.id, os.getpid(), job.attempt, payload.get("note", "")),
     )
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0.01)  # the job's simulated async I/O after its write
     if payload.get("steal"):
         async with await psycopg.AsyncConnection.connect(conn.info.dsn, autocommit=True) as other:
             await other.execute(
@@ -84,7 +84,7 @@ async def arecord(
 async def acapped(payload: dict[str, float]) -> dict[str, float | int]:
     """At most 3 of these in flight in one child, whatever the child's concurrency."""
     started = time.time()
-    await asyncio.sleep(payload.get("seconds", 0.2))
+    await asyncio.sleep(payload.get("seconds", 0.2))  # the job's simulated async I/O
     return _span(started)
 
 
