@@ -139,6 +139,21 @@ class Suspend(Snooze):
     signal `wait`), no attempt counted and no max_snoozes. Raised by the context, never by
     user code."""
 
-    def __init__(self, seconds: float, wait: str | None) -> None:
+    def __init__(self, seconds: float, wait: str | None, why: str) -> None:
         super().__init__(seconds)
         self.wait = wait
+        self.why = why  # as the log says it: "sleeping 1 s (sleep 'nap')"
+
+    @classmethod
+    def sleeping(cls, name: str, seconds: float) -> Suspend:
+        return cls(seconds, None, f"sleeping {seconds:g} s (sleep {name!r})")
+
+    @classmethod
+    def waiting(cls, name: str, seconds: float, timeout: bool) -> Suspend:
+        """`name` is a signal's, or `job:<id>` for ctx.wait's child."""
+        what = f"child job {name[4:]}" if name.startswith("job:") else f"signal {name!r}"
+        return cls(seconds, name, f"waiting for {what}" + (f" (up to {seconds:g} s)" * timeout))
+
+    @classmethod
+    def retrying(cls, name: str, seconds: float, tries: int) -> Suspend:
+        return cls(seconds, None, f"retrying step {name!r} in {seconds:g} s (try {tries} failed)")

@@ -62,7 +62,7 @@ def test_default_log_summarises_jobs_and_shows_every_failure(
     # no per-job lines at the default level ...
     assert "job start" not in log and "job succeeded" not in log
     # ... but a summary per period, and the retry and failure with id, type, attempt, error
-    ended = sum(int(n) for n in re.findall(r"(\d+) jobs ended in", log))
+    ended = sum(int(n.replace(",", "")) for n in re.findall(r"([\d,]+) jobs? ended in", log))
     assert ended == 202  # 200 successes, one retry, one failure
     assert re.search(rf"WARNING .*job retry id={failing} type=fail attempt=1 .*boom", log)
     assert re.search(rf"ERROR .*job failed id={failing} type=fail attempt=2 .*boom", log)

@@ -1,0 +1,38 @@
+"""Counts and rates as the CLI and the logs print them: `1 job`, `2 jobs`, no `(0/s)`."""
+
+from __future__ import annotations
+
+import pytest
+
+from pgq_supervisor.display import per_second, plural
+
+
+@pytest.mark.parametrize(
+    ("n", "word", "words", "said"),
+    [
+        (1, "job", None, "1 job"),
+        (0, "job", None, "0 jobs"),
+        (2, "proc", None, "2 procs"),
+        (1_204, "job", None, "1,204 jobs"),
+        (1, "child", "children", "1 child"),
+        (3, "child", "children", "3 children"),
+    ],
+)
+def test_plural(n: int, word: str, words: str | None, said: str) -> None:
+    assert plural(n, word, words) == said
+
+
+@pytest.mark.parametrize(
+    ("n", "seconds", "said"),
+    [
+        (0, 10.0, None),  # nothing counted: no rate
+        (5, 0.0, None),  # no time to count in
+        (1, 60.0, "0.017/s"),  # slow, not "0/s"
+        (5, 2.0, "2.5/s"),
+        (33, 10.0, "3.3/s"),
+        (1_204, 10.0, "120/s"),
+        (40_000, 2.0, "20,000/s"),
+    ],
+)
+def test_per_second(n: int, seconds: float, said: str | None) -> None:
+    assert per_second(n, seconds) == said
