@@ -281,7 +281,8 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
     ) as conn:
         done = migrations.migrate(conn, settings.db_schema)
     if done:
-        print(f"applied migrations {', '.join(map(str, done))} to schema {settings.db_schema}")
+        what = "migration" if len(done) == 1 else "migrations"
+        print(f"applied {what} {', '.join(map(str, done))} to schema {settings.db_schema}")
     else:
         print(f"schema {settings.db_schema} is up to date")
     return 0

@@ -20,15 +20,14 @@ def plural(n: int, word: str, words: str | None = None) -> str:
     return f"{n:,} {word if n == 1 else (words or word + 's')}"
 
 
-def per_second(n: int, seconds: float) -> str | None:
-    """`n` things in `seconds` as a rate (`3/s`, `0.5/s`, `1,204/s`), or None when nothing was
-    measured: nothing counted, or no time to count it in."""
+def per_second(n: int, seconds: float, unit: str = "") -> str | None:
+    """`n` things in `seconds` as a rate (`3/s`, `0.5/s`, `1,204 jobs/s` with a `unit`), or
+    None when nothing was measured: nothing counted, or no time to count it in."""
     if n <= 0 or seconds <= 0:
         return None
     rate = n / seconds
-    if rate >= 10:
-        return f"{rate:,.0f}/s"
-    return f"{rate:.2g}/s"
+    shown = f"{rate:,.0f}" if rate >= 10 else f"{rate:.2g}"
+    return f"{shown} {unit}/s" if unit else f"{shown}/s"
 
 
 def progress_cell(value: JsonValue) -> str:

@@ -32,7 +32,7 @@ from pgq_supervisor.admin.control import (
 from pgq_supervisor.admin.show import cmd_show
 from pgq_supervisor.admin.unserved import coverage
 from pgq_supervisor.connect import open_db
-from pgq_supervisor.display import progress_cell
+from pgq_supervisor.display import plural, progress_cell
 from pgq_supervisor.errors import InvalidInput, InvalidTransition
 from pgq_supervisor.jobs import (
     JobId,
@@ -288,7 +288,8 @@ def cmd_purge(args: argparse.Namespace, settings: Settings) -> int:
     if args.json:
         _print_json({"purged": n, "states": list(names), "older_than_seconds": older_than})
     else:
-        print(f"purged {n} jobs ({', '.join(names)}) finished more than {args.older_than} ago")
+        purged = f"purged {plural(n, 'job')} ({', '.join(names)})"
+        print(f"{purged} finished more than {args.older_than} ago")
     return 0
 
 

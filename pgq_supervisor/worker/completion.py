@@ -33,6 +33,7 @@ from typing import Literal, NamedTuple, assert_never
 
 from pgq_supervisor import db
 from pgq_supervisor.db import workflows
+from pgq_supervisor.display import plural
 from pgq_supervisor.errors import DatabaseError
 from pgq_supervisor.jobs import (
     AttemptKind,
@@ -344,8 +345,8 @@ class Completer:
             self.flush(conn)
         except DatabaseError as exc:
             log.warning(
-                "could not write %d successes (their jobs will run again): %s",
-                len(self._successes),
+                "could not write %s (their jobs will run again): %s",
+                plural(len(self._successes), "success", "successes"),
                 exc,
             )
             self.discard()
@@ -377,7 +378,7 @@ class Completer:
         try:
             db.release(conn, self.schema, ids=ids, lease=jobs[0].lease)
         except DatabaseError as exc:
-            log.warning("could not release %d claimed jobs (retrying): %s", len(ids), exc)
+            log.warning("could not release %s claimed (retrying): %s", plural(len(ids), "job"), exc)
             if self.heartbeat is not None:
                 self.heartbeat.release_later(jobs)
                 return

@@ -38,6 +38,7 @@ from collections.abc import Callable, Sequence
 
 from pgq_supervisor import db
 from pgq_supervisor.backoff import Backoff
+from pgq_supervisor.display import plural
 from pgq_supervisor.errors import DatabaseError
 from pgq_supervisor.jobs import Job, JobId, LeaseToken
 from pgq_supervisor.worker.progress import ProgressBuffer, write_due
@@ -218,9 +219,9 @@ class Heartbeat:
             return
         self.given_up = True
         log.warning(
-            "worker %s: no heartbeat has reached the database for %.1f s: giving up %d jobs"
+            "worker %s: no heartbeat has reached the database for %.1f s: giving up %s"
             " before they are rescued",
-            self._worker_id, self.stale_for(time.monotonic()), self.holding(),
+            self._worker_id, self.stale_for(time.monotonic()), plural(self.holding(), "job"),
         )  # fmt: skip
         self._on_give_up()
 

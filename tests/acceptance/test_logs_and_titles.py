@@ -76,6 +76,8 @@ def test_a_type_no_live_supervisor_serves_is_warned_about_once(
     sup = Supervisor(dsn, APP, "--procs", "1", *FAST)
     sups.append(sup)
     sup.wait_ready(1)
+    assert _titles()[sup.pid] == "pgq-supervisor [1 proc]"  # not "1 procs" (issue 36)
+    assert re.search(r"INFO .*supervisor pid=\d+ serving .* with 1 proc \(schema pgq\)", sup.log())
     pgq.enqueue(db, "slep", {"seconds": 0})
     pgq.enqueue(db, "noop", {})  # served: never named
     said = "WARNING .*jobs of type {!r} are enqueued but no live supervisor serves it"

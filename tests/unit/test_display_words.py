@@ -36,3 +36,8 @@ def test_plural(n: int, word: str, words: str | None, said: str) -> None:
 )
 def test_per_second(n: int, seconds: float, said: str | None) -> None:
     assert per_second(n, seconds) == said
+
+
+def test_per_second_with_a_unit() -> None:
+    assert per_second(1_204, 10.0, "jobs") == "120 jobs/s"
+    assert per_second(0, 10.0, "jobs") is None
