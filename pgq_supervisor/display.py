@@ -129,7 +129,7 @@ def step_line(step: StepView) -> StepLine:
         case "retrying":
             detail = f"try {step.tries} failed: {step.error}; again at {until}"
         case "failed":
-            detail = f"failed after {step.tries} tries: {step.error}"
+            detail = f"failed after {plural(step.tries, 'try', 'tries')}: {step.error}"
         case "sleeping":
             detail = f"sleeps until {until}"
         case "waiting":

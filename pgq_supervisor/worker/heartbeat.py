@@ -178,12 +178,15 @@ class Heartbeat:
                 self.drop(lease, ids)
                 released += len(ids)
         except DatabaseError as exc:
-            log.warning("could not release %d claimed jobs, retrying: %s", len(jobs), exc)
+            log.warning("could not release %s claimed, retrying: %s", plural(len(jobs), "job"), exc)
             self._disconnect()
         # what did not go back is still held (a job the beat found lost was dropped there)
         self._unreleased = [j for j in jobs if self._holds(j)]
         if released:
-            log.debug("released %d claimed jobs not started: the job in hand runs long", released)
+            log.debug(
+                "released %s claimed, not started: the job in hand runs long",
+                plural(released, "job"),
+            )
         return released
 
     def _connection(self) -> db.Conn:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+from datetime import UTC, datetime
+
 import pytest
 
-from pgq_supervisor.display import per_second, plural
+from pgq_supervisor.display import per_second, plural, step_line
+from pgq_supervisor.steps import StepView
 
 
 @pytest.mark.parametrize(
@@ -41,3 +45,11 @@ def test_per_second(n: int, seconds: float, said: str | None) -> None:
 def test_per_second_with_a_unit() -> None:
     assert per_second(1_204, 10.0, "jobs") == "120 jobs/s"
     assert per_second(0, 10.0, "jobs") is None
+
+
+def test_a_step_failed_after_one_try_is_one_try() -> None:
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    step = StepView(0, "charge", "step", "failed", None, "OSError: refused", 1, None, 0.5, at, at)
+    assert step_line(step).detail == "failed after 1 try: OSError: refused"
+    step = dataclasses.replace(step, tries=3)
+    assert step_line(step).detail == "failed after 3 tries: OSError: refused"
