@@ -9,6 +9,7 @@ supervisor with SIGTERM. The supervisor's log reaches the terminal only when it 
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import shutil
@@ -25,8 +26,11 @@ import pydantic
 
 from pgq_supervisor import db
 from pgq_supervisor.client import enqueue_bundle, enqueue_many
+from pgq_supervisor.connect import open_db
 from pgq_supervisor.display import per_second, plural
+from pgq_supervisor.errors import ExitCode
 from pgq_supervisor.jobs import Bundle, BundleId, Job, JobState, NewJob
+from pgq_supervisor.redaction import redact
 from pgq_supervisor.registry import Registry, RetryPolicy
 from pgq_supervisor.settings import Settings
 
@@ -205,6 +209,32 @@ class LiveView:
 
 
 # ---- the driver ----------------------------------------------------------------------------
+
+
+def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
+    """`demo`: asks before it writes into a database the user named, then runs."""
+    if settings.dsn and not args.yes and not _demo_may_write(settings.dsn, args.jobs):
+        return int(ExitCode.USAGE)
+    dsn, conn = open_db(settings, migrate=True, wait=True)
+    conn.close()
+    return run_demo(dsn, settings, jobs=args.jobs, procs=args.procs)
+
+
+def _demo_may_write(dsn: str, jobs: int) -> bool:
+    """Whether the demo may migrate and fill a database the user named: asked on a terminal;
+    elsewhere (a script, CI) only --yes says so."""
+    what = (
+        f"the demo migrates schema pgq and enqueues about {jobs} sample jobs into"
+        f" {redact(dsn)} (unset PGQ_DSN to use an embedded server instead)"
+    )
+    if not sys.stdin.isatty():
+        print(f"error: {what}; pass --yes to go ahead", file=sys.stderr)
+        return False
+    answer = input(f"{what}. Go ahead? [y/N] ")
+    if answer.strip().lower() in ("y", "yes"):
+        return True
+    print("nothing written", file=sys.stderr)
+    return False
 
 
 def run_demo(dsn: str, settings: Settings, *, jobs: int, procs: int | None) -> int:

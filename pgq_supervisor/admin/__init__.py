@@ -73,9 +73,10 @@ def add_commands(sub: argparse._SubParsersAction[Parser], common: Parser) -> Non
     p.set_defaults(handler=cmd_depth)
 
     p = sub.add_parser("jobs", parents=parents, help="list jobs in a state (default: failed)")
-    p.add_argument("--state", choices=[s.value for s in JobState], default=JobState.FAILED.value)
+    p.add_argument("--state", choices=[s.value for s in JobState], default=JobState.FAILED.value,
+                   help="the state to list")  # fmt: skip
     p.add_argument("--type", type=_job_type, help="only this job type")
-    p.add_argument("--limit", type=_limit, default=20, help="most recent N (default 20)")
+    p.add_argument("--limit", type=_limit, default=20, help="most recent N")
     p.set_defaults(handler=cmd_jobs)
 
     p = sub.add_parser("show", parents=parents, help="one job in full, with its attempt history")
