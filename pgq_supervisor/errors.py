@@ -146,14 +146,22 @@ class Suspend(Snooze):
 
     @classmethod
     def sleeping(cls, name: str, seconds: float) -> Suspend:
-        return cls(seconds, None, f"sleeping {seconds:g} s (sleep {name!r})")
+        return cls(seconds, None, f"sleeping {_seconds(seconds)} s (sleep {name!r})")
 
     @classmethod
     def waiting(cls, name: str, seconds: float, timeout: bool) -> Suspend:
         """`name` is a signal's, or `job:<id>` for ctx.wait's child."""
         what = f"child job {name[4:]}" if name.startswith("job:") else f"signal {name!r}"
-        return cls(seconds, name, f"waiting for {what}" + (f" (up to {seconds:g} s)" * timeout))
+        up_to = f" (up to {_seconds(seconds)} s)" if timeout else ""
+        return cls(seconds, name, f"waiting for {what}{up_to}")
 
     @classmethod
     def retrying(cls, name: str, seconds: float, tries: int) -> Suspend:
-        return cls(seconds, None, f"retrying step {name!r} in {seconds:g} s (try {tries} failed)")
+        return cls(
+            seconds, None, f"retrying step {name!r} in {_seconds(seconds)} s (try {tries} failed)"
+        )
+
+
+def _seconds(value: float) -> str:
+    """Seconds as a log line says them: 2, 0.05, 1.73, 3600 (not 1.99998 or 3.6e+03)."""
+    return f"{value:.0f}" if value >= 100 else f"{value:.3g}"

@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 import pytest
 
 from pgq_supervisor.display import per_second, plural, step_line
+from pgq_supervisor.errors import Suspend
 from pgq_supervisor.steps import StepView
 
 
@@ -53,3 +54,17 @@ def test_a_step_failed_after_one_try_is_one_try() -> None:
     assert step_line(step).detail == "failed after 1 try: OSError: refused"
     step = dataclasses.replace(step, tries=3)
     assert step_line(step).detail == "failed after 3 tries: OSError: refused"
+
+
+def test_a_workflow_pause_in_the_words_of_its_log_line() -> None:
+    assert Suspend.sleeping("nap", 1.99998).why == "sleeping 2 s (sleep 'nap')"
+    assert Suspend.sleeping("nap", 3600.0).why == "sleeping 3600 s (sleep 'nap')"
+    assert (
+        Suspend.waiting("approved", 30.0, True).why == "waiting for signal 'approved' (up to 30 s)"
+    )
+    waits = Suspend.waiting("job:0190", 1e9, False)
+    assert (waits.why, waits.wait) == ("waiting for child job 0190", "job:0190")
+    assert (
+        Suspend.retrying("charge", 1.734, 1).why
+        == "retrying step 'charge' in 1.73 s (try 1 failed)"
+    )
