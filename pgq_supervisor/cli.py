@@ -20,6 +20,7 @@ from setproctitle import getproctitle
 
 from pgq_supervisor import admin, db
 from pgq_supervisor import schema as migrations
+from pgq_supervisor.cli_help import HelpFormatter, command_helps, grouped_commands, setting_help
 from pgq_supervisor.connect import open_db, resolve_dsn
 from pgq_supervisor.errors import (
     AppLoadError,
@@ -31,7 +32,7 @@ from pgq_supervisor.errors import (
 )
 from pgq_supervisor.jobs import NewJob
 from pgq_supervisor.logs import setup_logging
-from pgq_supervisor.redaction import hide_password, redact
+from pgq_supervisor.redaction import hide_password
 from pgq_supervisor.registry import Registry, load_registry
 from pgq_supervisor.settings import Settings, load_settings, parse_duration
 
@@ -82,21 +83,29 @@ Handler = Callable[[argparse.Namespace, Settings], int]
 def build_parser() -> argparse.ArgumentParser:
     common = OneLineParser(add_help=False)
     common.add_argument("--dsn", help="PostgreSQL DSN (env PGQ_DSN); unset = embedded server")
-    common.add_argument("--schema", dest="db_schema", help="schema name (env PGQ_SCHEMA)")
-    common.add_argument("--log-level", help="debug | info | warning | error")
-    common.add_argument("--log-format", help="text | json")
+    common.add_argument("--schema", dest="db_schema", help="schema name (env PGQ_SCHEMA)"
+                        " (default: pgq)")  # fmt: skip
+    common.add_argument("--log-level", help=setting_help("log_level"))
+    common.add_argument("--log-format", help=setting_help("log_format"))
 
     parser = OneLineParser(
         prog="pgq-supervisor",
-        description="PostgreSQL job queue with process workers. Default command: run.",
+        usage="%(prog)s [COMMAND] [FLAGS]",
+        description="PostgreSQL job queue with process workers. Default command: run (flags"
+        " alone run it).\nEvery setting also reads PGQ_<SETTING> from the environment or .env.",
+        formatter_class=HelpFormatter,
     )
-    sub = parser.add_subparsers(dest="command", parser_class=OneLineParser)
-
-    run = sub.add_parser("run", parents=[common], help="run the supervisor and its workers")
+    sub = parser.add_subparsers(
+        dest="command",
+        parser_class=OneLineParser,
+        prog="pgq-supervisor",
+        metavar="COMMAND",
+        help=argparse.SUPPRESS,
+    )
+    run = sub.add_parser("run", parents=[common], usage="%(prog)s [FLAGS]",
+                         help="run the supervisor and its workers")  # fmt: skip
     for flag, name in RUN_FLAGS.items():
-        run.add_argument(
-            flag, dest=name, metavar=name.upper(), help=Settings.model_fields[name].description
-        )
+        run.add_argument(flag, dest=name, metavar=name.upper(), help=setting_help(name))
     run.set_defaults(handler=cmd_run)
 
     mig = sub.add_parser("migrate", parents=[common], help="create or upgrade the schema")
@@ -105,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     enq = sub.add_parser("enqueue", parents=[common], help="enqueue one job")
     enq.add_argument("type", help="the job type")
     enq.add_argument("payload", help="JSON object")
-    enq.add_argument("--priority", type=int, default=0, help="higher runs first (default 0)")
+    enq.add_argument("--priority", type=int, default=0, help="higher runs first")
     enq.add_argument("--start-in", help="delay, e.g. 30s, 5m, 2h, 1d")
     enq.add_argument(
         "--unique-key", help="unique among unfinished jobs: the holder's id is printed"
@@ -114,7 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
     enq.add_argument(
         "--tenant", help="the job's tenant: the type's claims go round-robin across tenants"
     )
-    enq.add_argument("--max-retry-count", type=int, help="retries after the first attempt")
+    enq.add_argument(
+        "--max-retry-count", type=int, help="retries after the first attempt; unset = the handler's"
+    )
     enq.set_defaults(handler=cmd_enqueue)
 
     emb = sub.add_parser(
@@ -127,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     emb.set_defaults(handler=cmd_embedded)
 
     demo = sub.add_parser("demo", parents=[common], help="run sample jobs through a supervisor")
-    demo.add_argument("--jobs", type=int, default=300, help="sample jobs (default 300)")
+    demo.add_argument("--jobs", type=int, default=300, help="sample jobs")
     demo.add_argument("--procs", type=int, default=None, help="child processes (default: CPUs)")
     demo.add_argument(
         "--yes", action="store_true", help="write into the database PGQ_DSN/--dsn names unasked"
@@ -138,7 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
         "dashboard", parents=[common], help="serve the web dashboard (extra: web)"
     )
     dash.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    dash.add_argument("--port", type=int, default=8080, help="port (default 8080)")
+    dash.add_argument("--port", type=int, default=8080, help="port")
     dash.add_argument("--read-only", action="store_true", help="show no action, refuse all")
     dash.add_argument(
         "--allow-unauthenticated-actions",
@@ -149,6 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
     dash.set_defaults(handler=cmd_dashboard)
 
     admin.add_commands(sub, common)
+    parser.epilog = grouped_commands(command_helps(sub))
+    for command in sub.choices.values():
+        command.formatter_class = HelpFormatter
     return parser
 
 
@@ -281,7 +295,8 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
     ) as conn:
         done = migrations.migrate(conn, settings.db_schema)
     if done:
-        print(f"applied migrations {', '.join(map(str, done))} to schema {settings.db_schema}")
+        what = "migration" if len(done) == 1 else "migrations"
+        print(f"applied {what} {', '.join(map(str, done))} to schema {settings.db_schema}")
     else:
         print(f"schema {settings.db_schema} is up to date")
     return 0
@@ -336,30 +351,9 @@ def cmd_embedded(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
-    from pgq_supervisor.demo import run_demo
+    from pgq_supervisor.demo import cmd_demo as demo
 
-    if settings.dsn and not args.yes and not _demo_may_write(settings.dsn, args.jobs):
-        return ExitCode.USAGE
-    dsn, conn = open_db(settings, migrate=True, wait=True)
-    conn.close()
-    return run_demo(dsn, settings, jobs=args.jobs, procs=args.procs)
-
-
-def _demo_may_write(dsn: str, jobs: int) -> bool:
-    """Whether the demo may migrate and fill a database the user named: asked on a terminal;
-    elsewhere (a script, CI) only --yes says so."""
-    what = (
-        f"the demo migrates schema pgq and enqueues about {jobs} sample jobs into"
-        f" {redact(dsn)} (unset PGQ_DSN to use an embedded server instead)"
-    )
-    if not sys.stdin.isatty():
-        print(f"error: {what}; pass --yes to go ahead", file=sys.stderr)
-        return False
-    answer = input(f"{what}. Go ahead? [y/N] ")
-    if answer.strip().lower() in ("y", "yes"):
-        return True
-    print("nothing written", file=sys.stderr)
-    return False
+    return demo(args, settings)
 
 
 def _dashboard_auth(settings: Settings) -> Authorize | None:

@@ -9,6 +9,7 @@ supervisor with SIGTERM. The supervisor's log reaches the terminal only when it 
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import shutil
@@ -25,7 +26,11 @@ import pydantic
 
 from pgq_supervisor import db
 from pgq_supervisor.client import enqueue_bundle, enqueue_many
+from pgq_supervisor.connect import open_db
+from pgq_supervisor.display import per_second, plural
+from pgq_supervisor.errors import ExitCode
 from pgq_supervisor.jobs import Bundle, BundleId, Job, JobState, NewJob
+from pgq_supervisor.redaction import redact
 from pgq_supervisor.registry import Registry, RetryPolicy
 from pgq_supervisor.settings import Settings
 
@@ -100,7 +105,7 @@ def enqueue_demo_jobs(conn: db.Conn, schema: str, origin: str, jobs: int) -> tup
         )
     total = n_fib + n_flaky + n_parts + 1
     print(
-        f"enqueued {total} jobs (origin {origin}):\n"
+        f"enqueued {plural(total, 'job')} (origin {origin}):\n"
         f"  {n_fib:>5} demo.fib     CPU-bound: each child process has its own interpreter\n"
         f"  {n_flaky:>5} demo.flaky   fail once or twice, then succeed on retry\n"
         f"  {n_parts:>5} demo.part    a bundle; its completion job demo.report runs once after them"
@@ -136,14 +141,26 @@ def tally(rows: Iterable[tuple[str, JobState, int, float | None, int]]) -> dict[
     return out
 
 
-def render(counts: dict[str, Counts], *, elapsed: float, total: int, procs: int) -> list[str]:
-    """The live view: a header line, then one row per job type."""
+def render(
+    counts: dict[str, Counts],
+    *,
+    elapsed: float,
+    total: int,
+    procs: int,
+    claim_batch: int = 200,
+    concurrency: int = 1,
+) -> list[str]:
+    """The live view: a header line, what `running` counts, then one row per job type."""
     finished = sum(c.finished for c in counts.values())
-    rate = finished / elapsed if elapsed > 0 else 0.0
+    rate = per_second(finished, elapsed, "jobs") or "- jobs/s"
     filled = min(BAR, BAR * finished // total) if total > 0 else BAR
+    # more running than procs: a child holds the batch it claimed as running (sync.py)
+    at_once = "one" if concurrency == 1 else f"up to {concurrency}"
     lines = [
-        f"{elapsed:6.1f} s  {rate:6.0f} jobs/s  {procs} procs"
+        f"{elapsed:6.1f} s  {rate:>13}  {plural(procs, 'proc')}"
         f"  [{'#' * filled}{'.' * (BAR - filled)}] {finished}/{total}",
+        f"  {sum(c.running for c in counts.values())} running on {plural(procs, 'proc')}"
+        f" (up to {claim_batch} in flight per child, run {at_once} at a time)",
         f"  {'type':<13}{'done':>8}{'running':>9}{'pending':>9}{'retried':>9}{'failed':>8}",
     ]
     for type_, c in counts.items():
@@ -194,6 +211,32 @@ class LiveView:
 # ---- the driver ----------------------------------------------------------------------------
 
 
+def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
+    """`demo`: asks before it writes into a database the user named, then runs."""
+    if settings.dsn and not args.yes and not _demo_may_write(settings.dsn, args.jobs):
+        return int(ExitCode.USAGE)
+    dsn, conn = open_db(settings, migrate=True, wait=True)
+    conn.close()
+    return run_demo(dsn, settings, jobs=args.jobs, procs=args.procs)
+
+
+def _demo_may_write(dsn: str, jobs: int) -> bool:
+    """Whether the demo may migrate and fill a database the user named: asked on a terminal;
+    elsewhere (a script, CI) only --yes says so."""
+    what = (
+        f"the demo migrates schema pgq and enqueues about {jobs} sample jobs into"
+        f" {redact(dsn)} (unset PGQ_DSN to use an embedded server instead)"
+    )
+    if not sys.stdin.isatty():
+        print(f"error: {what}; pass --yes to go ahead", file=sys.stderr)
+        return False
+    answer = input(f"{what}. Go ahead? [y/N] ")
+    if answer.strip().lower() in ("y", "yes"):
+        return True
+    print("nothing written", file=sys.stderr)
+    return False
+
+
 def run_demo(dsn: str, settings: Settings, *, jobs: int, procs: int | None) -> int:
     schema = settings.db_schema
     origin = f"demo:{uuid.uuid4().hex[:8]}"
@@ -201,13 +244,13 @@ def run_demo(dsn: str, settings: Settings, *, jobs: int, procs: int | None) -> i
     log_path = _new_log_path()
     with db.connect(dsn, prepare_threshold=settings.prepare_threshold) as conn:
         total, bundle = enqueue_demo_jobs(conn, schema, origin, jobs)
-        print(f"supervisor: {procs} procs, its log in {log_path}\n", flush=True)
+        print(f"supervisor: {plural(procs, 'proc')}, its log in {log_path}\n", flush=True)
         sup = _start_supervisor(dsn, settings, procs, log_path)
         started = time.monotonic()
         view = LiveView(sys.stdout)
         interrupted = False
         try:
-            failure = _watch(conn, schema, origin, total, procs, sup, view, started)
+            failure = _watch(conn, settings, origin, total, procs, sup, view, started)
         except KeyboardInterrupt:
             failure, interrupted = "interrupted", True
         finally:
@@ -261,7 +304,7 @@ def _start_supervisor(
 
 def _watch(
     conn: db.Conn,
-    schema: str,
+    settings: Settings,
     origin: str,
     total: int,
     procs: int,
@@ -272,13 +315,20 @@ def _watch(
     """Show the live view until every job finished (None) or the supervisor fails (why)."""
     last_finished, last_progress = -1, started
     while True:
-        counts = tally(db.summary_by_origin(conn, schema, origin))
+        counts = tally(db.summary_by_origin(conn, settings.db_schema, origin))
         now = time.monotonic()
         finished = sum(c.finished for c in counts.values())
         final = finished >= total
         elapsed = now - started
         view.show(
-            render(counts, elapsed=elapsed, total=total, procs=procs),
+            render(
+                counts,
+                elapsed=elapsed,
+                total=total,
+                procs=procs,
+                claim_batch=settings.claim_batch,
+                concurrency=settings.concurrency,
+            ),
             plain_line(counts, elapsed=elapsed, total=total),
             now,
             final=final,
@@ -336,7 +386,9 @@ def _print_summary(conn: db.Conn, schema: str, origin: str, bundle: Bundle, elap
     )
     total = sum(r[2] for r in rows)
     retries = sum(c.retried for c in tally(rows).values())
+    rate = per_second(total, elapsed, "jobs")
     print(
-        f"{total} jobs in {elapsed:.1f} s ({total / elapsed:.0f} jobs/s); {retries} expected"
-        " retries, logged as warnings in the supervisor's log"
-    )
+        f"{plural(total, 'job')} in {elapsed:.1f} s" + (f" ({rate})" if rate else "")
+        + f"; {plural(retries, 'expected retry', 'expected retries')}, logged as warnings in"
+        " the supervisor's log"
+    )  # fmt: skip

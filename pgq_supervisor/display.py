@@ -1,5 +1,6 @@
-"""What the admin CLI (admin/) and the dashboard (web/) both show, in the same words: a
-progress value as a table cell, a supervisor's children as stored, a workflow's steps."""
+"""What the admin CLI (admin/), the dashboard (web/) and the logs show, in the same words: a
+count of things and a rate, a progress value as a table cell, a supervisor's children as
+stored, a workflow's steps."""
 
 from __future__ import annotations
 
@@ -12,6 +13,21 @@ from pgq_supervisor.jobs import JobRecord, JobState, JsonValue
 from pgq_supervisor.steps import StepView
 
 PROGRESS_WIDTH = 24
+
+
+def plural(n: int, word: str, words: str | None = None) -> str:
+    """`1 job`, `2 jobs`, `0 jobs`; `words` when the plural is not `word` + s (`children`)."""
+    return f"{n:,} {word if n == 1 else (words or word + 's')}"
+
+
+def per_second(n: int, seconds: float, unit: str = "") -> str | None:
+    """`n` things in `seconds` as a rate (`3/s`, `0.5/s`, `1,204 jobs/s` with a `unit`), or
+    None when nothing was measured: nothing counted, or no time to count it in."""
+    if n <= 0 or seconds <= 0:
+        return None
+    rate = n / seconds
+    shown = f"{rate:,.0f}" if rate >= 10 else f"{rate:.2g}"
+    return f"{shown} {unit}/s" if unit else f"{shown}/s"
 
 
 def progress_cell(value: JsonValue) -> str:
@@ -113,7 +129,7 @@ def step_line(step: StepView) -> StepLine:
         case "retrying":
             detail = f"try {step.tries} failed: {step.error}; again at {until}"
         case "failed":
-            detail = f"failed after {step.tries} tries: {step.error}"
+            detail = f"failed after {plural(step.tries, 'try', 'tries')}: {step.error}"
         case "sleeping":
             detail = f"sleeps until {until}"
         case "waiting":

@@ -139,6 +139,29 @@ class Suspend(Snooze):
     signal `wait`), no attempt counted and no max_snoozes. Raised by the context, never by
     user code."""
 
-    def __init__(self, seconds: float, wait: str | None) -> None:
+    def __init__(self, seconds: float, wait: str | None, why: str) -> None:
         super().__init__(seconds)
         self.wait = wait
+        self.why = why  # as the log says it: "sleeping 1 s (sleep 'nap')"
+
+    @classmethod
+    def sleeping(cls, name: str, seconds: float) -> Suspend:
+        return cls(seconds, None, f"sleeping {_seconds(seconds)} s (sleep {name!r})")
+
+    @classmethod
+    def waiting(cls, name: str, seconds: float, timeout: bool) -> Suspend:
+        """`name` is a signal's, or `job:<id>` for ctx.wait's child."""
+        what = f"child job {name[4:]}" if name.startswith("job:") else f"signal {name!r}"
+        up_to = f" (up to {_seconds(seconds)} s)" if timeout else ""
+        return cls(seconds, name, f"waiting for {what}{up_to}")
+
+    @classmethod
+    def retrying(cls, name: str, seconds: float, tries: int) -> Suspend:
+        return cls(
+            seconds, None, f"retrying step {name!r} in {_seconds(seconds)} s (try {tries} failed)"
+        )
+
+
+def _seconds(value: float) -> str:
+    """Seconds as a log line says them: 2, 0.05, 1.73, 3600 (not 1.99998 or 3.6e+03)."""
+    return f"{value:.0f}" if value >= 100 else f"{value:.3g}"

@@ -68,6 +68,7 @@ class OutcomeKind(enum.StrEnum):
     FAILED = "failed"
     LOST = "lost"  # the lease was lost: another worker owns the job, nothing was written
     SNOOZED = "snoozed"  # the handler snoozed it: pending again after its delay
+    SUSPENDED = "suspended"  # a workflow's sleep, wait or step retry ended its run, not its job
 
 
 # The longest duration taken anywhere (a start delay, a retention, a purge, a setting): a

@@ -61,14 +61,18 @@ class Settings(BaseSettings):
     prepare_threshold: int | None = Field(
         5, ge=0, description="psycopg's prepare_threshold; none = no server-side prepares"
     )
-    app: str | None = Field(None, description="module:attribute of the handlers' Registry")
+    app: str | None = Field(
+        None, description="module:attribute of the handlers' Registry; no default: run needs one"
+    )
     procs: int = Field(
         default_factory=lambda: os.cpu_count() or 1,
         ge=1,
         le=512,
         description="child processes; default the CPU count (a container's is the node's)",
     )
-    types: list[str] | None = Field(None, description="serve only these job types")
+    types: list[str] | None = Field(
+        None, description="serve only these job types (a,b); unset = every type of the app"
+    )
     # 1 s: a dead pod's jobs are taken back once its lock is free and their heartbeat is 1.5
     # intervals old (rescuer.py); a beat is one UPDATE of the child's own row (schema/0025)
     heartbeat_interval: float = Field(
@@ -101,7 +105,9 @@ class Settings(BaseSettings):
     max_jobs_per_child: int | None = Field(
         None, ge=1, description="recycle a child after this many jobs; unset = never"
     )
-    max_memory_per_child: int | None = Field(None, ge=1, description="MiB of RSS")
+    max_memory_per_child: int | None = Field(
+        None, ge=1, description="recycle a child past this RSS (MiB); unset = never"
+    )
     worker_synchronous_commit: bool = Field(
         False, description="sync commit for claims/heartbeats/completions (on behind PgBouncer)"
     )

@@ -122,7 +122,13 @@ class DrainResult:
 
     @property
     def snoozed(self) -> int:
+        """Snoozes (pgq.Snooze); a workflow's sleep, wait or step retry is `suspended`."""
         return self.count(OutcomeKind.SNOOZED)
+
+    @property
+    def suspended(self) -> int:
+        """Workflow runs that ended in a sleep, a wait or a step's retry (the job pending)."""
+        return self.count(OutcomeKind.SUSPENDED)
 
 
 class _Drain:

@@ -32,7 +32,7 @@ from pgq_supervisor.admin.control import (
 from pgq_supervisor.admin.show import cmd_show
 from pgq_supervisor.admin.unserved import coverage
 from pgq_supervisor.connect import open_db
-from pgq_supervisor.display import progress_cell
+from pgq_supervisor.display import plural, progress_cell
 from pgq_supervisor.errors import InvalidInput, InvalidTransition
 from pgq_supervisor.jobs import (
     JobId,
@@ -73,9 +73,10 @@ def add_commands(sub: argparse._SubParsersAction[Parser], common: Parser) -> Non
     p.set_defaults(handler=cmd_depth)
 
     p = sub.add_parser("jobs", parents=parents, help="list jobs in a state (default: failed)")
-    p.add_argument("--state", choices=[s.value for s in JobState], default=JobState.FAILED.value)
+    p.add_argument("--state", choices=[s.value for s in JobState], default=JobState.FAILED.value,
+                   help="the state to list")  # fmt: skip
     p.add_argument("--type", type=_job_type, help="only this job type")
-    p.add_argument("--limit", type=_limit, default=20, help="most recent N (default 20)")
+    p.add_argument("--limit", type=_limit, default=20, help="most recent N")
     p.set_defaults(handler=cmd_jobs)
 
     p = sub.add_parser("show", parents=parents, help="one job in full, with its attempt history")
@@ -288,7 +289,8 @@ def cmd_purge(args: argparse.Namespace, settings: Settings) -> int:
     if args.json:
         _print_json({"purged": n, "states": list(names), "older_than_seconds": older_than})
     else:
-        print(f"purged {n} jobs ({', '.join(names)}) finished more than {args.older_than} ago")
+        purged = f"purged {plural(n, 'job')} ({', '.join(names)})"
+        print(f"{purged} finished more than {args.older_than} ago")
     return 0
 
 

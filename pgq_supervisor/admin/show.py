@@ -59,10 +59,16 @@ def _text(
         value = doc[key]
         if value is None or (key == "snoozes" and value == 0):
             continue
+        trace = value.get("traceback") if key == "error_data" and isinstance(value, dict) else None
+        if isinstance(trace, str) and isinstance(value, dict):  # as lines, not one JSON string
+            value = {k: v for k, v in value.items() if k != "traceback"}
         shown = value if isinstance(value, str) else json.dumps(value)
         if key == "progress":
             shown = f"{progress_cell(record.progress)}  {json.dumps(value)}"
         lines.append(f"{key.ljust(width)}  {shown}")
+        if isinstance(trace, str):
+            lines.append(f"{''.ljust(width)}  traceback:")
+            lines += [f"{''.ljust(width)}    {line}" for line in trace.rstrip().splitlines()]
         if key == "state" and held is not None:
             lines.append(f"{''.ljust(width)}  {held.text()}")
         if key == "state" and unserved is not None:

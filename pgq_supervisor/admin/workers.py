@@ -15,7 +15,7 @@ from typing import TypeVar
 from pgq_supervisor import db
 from pgq_supervisor.connect import open_db
 from pgq_supervisor.db.rows import SupervisorRecord
-from pgq_supervisor.display import children_of, count_of
+from pgq_supervisor.display import children_of, count_of, plural
 from pgq_supervisor.jobs import JsonValue
 from pgq_supervisor.settings import Settings
 
@@ -97,7 +97,7 @@ def cmd_workers(args: argparse.Namespace, settings: Settings) -> int:
     for r in records:
         stale = "  STALE" if is_stale(r, beat) else ""
         print(
-            f"{r.host} pid {r.pid}  {r.procs} procs  types {','.join(r.types)}"
+            f"{r.host} pid {r.pid}  {plural(r.procs, 'proc')}  types {','.join(r.types)}"
             f"  started {r.started_at:%Y-%m-%d %H:%M:%S %Z}  seen {r.seen_ago:.0f} s ago{stale}"
         )
         for c in children_of(r):

@@ -205,7 +205,8 @@ DELETE FROM {schema}.worker WHERE id = %(id)s
 -- fenced the same way, unless one is in a bundle (its on_complete would never fire if the
 -- bundle emptied) or has dependents (they read its result, and deleting a job that is still
 -- running dooms them: schema/0005): those succeed as usual, and retention deletes them later.
--- `updated` leaves the deleted ones alone; `done` is both.
+-- `updated` leaves the deleted ones alone; `done` is both. A success clears an earlier
+-- attempt's error_msg and error_data (its entry in `attempts` keeps them).
 WITH waiting AS (
     SELECT w.id FROM {schema}.job w
     WHERE w.id = ANY(ARRAY(SELECT e.job_id FROM {schema}.job_dependency e
@@ -223,7 +224,7 @@ gone AS (
 updated AS (
     UPDATE {schema}.job j
     SET state = 'succeeded', stopped_at = now(), worker_alive_at = NULL, lease = NULL,
-        result = r.result, updated_at = now()
+        result = r.result, error_msg = NULL, error_data = NULL, updated_at = now()
     FROM unnest(%(ids)s::uuid[], %(results)s::jsonb[]) AS r(id, result)
     WHERE j.id = r.id AND j.state = 'running' AND j.lease = %(done_lease)s
       AND j.id <> ALL(ARRAY(SELECT g.id FROM gone g))
@@ -271,7 +272,7 @@ gone AS (
 updated AS (
     UPDATE {schema}.job j
     SET state = 'succeeded', stopped_at = now(), worker_alive_at = NULL, lease = NULL,
-        result = r.result, updated_at = now()
+        result = r.result, error_msg = NULL, error_data = NULL, updated_at = now()
     FROM unnest(%(ids)s::uuid[], %(results)s::jsonb[]) AS r(id, result)
     WHERE j.id = r.id AND j.state = 'running' AND j.lease = %(done_lease)s
       AND j.id <> ALL(ARRAY(SELECT g.id FROM gone g))

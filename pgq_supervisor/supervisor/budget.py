@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from pgq_supervisor.db import ConnectionLimits
+from pgq_supervisor.display import plural
 from pgq_supervisor.errors import ConfigError, ConnectionShortage
 from pgq_supervisor.registry import Registry
 from pgq_supervisor.worker.inflight import pool_size
@@ -67,7 +68,7 @@ class Need:
 
     def describe(self) -> str:
         return (
-            f"{self.procs} procs need {self.total} connections"
+            f"{plural(self.procs, 'proc')} need {plural(self.total, 'connection')}"
             f" ({SUPERVISOR_OWN} + {self.per_child()} per child)"
         )
 
@@ -141,11 +142,11 @@ def fit(need: Need, room: Room, policy: Policy) -> Fit:
                 f" ({room.most_why}): {advice}"
             )
         raise ConnectionShortage(
-            f"not enough free connections: {need.describe()}, {max(0, room.free)} are free"
+            f"not enough free connections: {need.describe()}, {_are_free(room.free)}"
             f" ({room.why}); connection_budget={policy}"
         )
     cap = need.pool_size
-    cut = [] if procs == need.procs else [f"running {procs} procs"]
+    cut = [] if procs == need.procs else [f"running {plural(procs, 'proc')}"]
     if need.pools:
         for_pools = (room.free - SUPERVISOR_OWN) // procs - 2
         cap = max(p for p in need.pools)
@@ -153,9 +154,16 @@ def fit(need: Need, room: Room, policy: Policy) -> Fit:
             cap -= 1
         cap = min(cap, need.pool_size or cap)
         if need.per_child(cap) < need.per_child():
-            cut.append(f"each pool of a child capped at {cap} connections (child_pool_size)")
+            cut.append(
+                f"each pool of a child capped at {plural(cap, 'connection')} (child_pool_size)"
+            )
     warning = (
-        f"connection budget: {need.describe()}, {room.free} are free ({room.why}):"
+        f"connection budget: {need.describe()}, {_are_free(room.free)} ({room.why}):"
         f" {', '.join(cut)} (connection_budget=refuse would exit instead)"
     )
     return Fit(procs, cap, warning)
+
+
+def _are_free(n: int) -> str:
+    n = max(0, n)
+    return f"{n} {'is' if n == 1 else 'are'} free"

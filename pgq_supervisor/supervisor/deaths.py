@@ -10,6 +10,7 @@ import logging
 from dataclasses import dataclass
 
 from pgq_supervisor import db
+from pgq_supervisor.display import plural
 from pgq_supervisor.jobs import AttemptKind, EndedAttempt, JobId, JobState
 from pgq_supervisor.supervisor.metrics import Metrics
 from pgq_supervisor.supervisor.verdicts import Verdict
@@ -54,5 +55,5 @@ def settle(
             )
     released = db.release(conn, schema, worker_id=worker_id)
     if released:
-        log.info("released %d jobs of worker %s", len(released), worker_id)
+        log.info("released %s of worker %s", plural(len(released), "job"), worker_id)
     return Settled(tuple(ended), tuple(released))

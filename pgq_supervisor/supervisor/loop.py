@@ -43,6 +43,7 @@ from typing import assert_never
 
 from setproctitle import setproctitle
 
+from pgq_supervisor.display import plural
 from pgq_supervisor.errors import DatabaseError, ExitCode
 from pgq_supervisor.ipc import BootFailed, Idle, Ready, Report, Retiring, RunAloneSet, Wake
 from pgq_supervisor.jobs import JobId
@@ -167,10 +168,10 @@ class Supervisor:
         self.install_signals()
         self._set_title()
         log.info(
-            "supervisor pid=%d serving %s with %d procs (schema %s)",
+            "supervisor pid=%d serving %s with %s (schema %s)",
             os.getpid(),
             ",".join(self.types),
-            self.target,
+            plural(self.target, "proc"),
             self.schema,
         )
         try:
@@ -241,21 +242,21 @@ class Supervisor:
 
     def handle_sigttin(self) -> None:
         self.target += 1
-        log.info("SIGTTIN: %d procs", self.target)
+        log.info("SIGTTIN: %s", plural(self.target, "proc"))
         self._set_title()
 
     def handle_sigttou(self) -> None:
         if self.target <= 1:
             return
         self.target -= 1
-        log.info("SIGTTOU: %d procs", self.target)
+        log.info("SIGTTOU: %s", plural(self.target, "proc"))
         self._set_title()
         for index, child in self.children.items():
             if index >= self.target:
                 child.stop()
 
     def _set_title(self) -> None:
-        setproctitle(f"pgq-supervisor [{self.target} procs]")
+        setproctitle(f"pgq-supervisor [{plural(self.target, 'proc')}]")
 
     def _begin_shutdown(self, why: str) -> None:
         if self.stopping:

@@ -87,7 +87,8 @@ class Metrics:
         self.finished = Counter(
             "pgq_jobs_total",
             "Attempts ended in this supervisor's children: succeeded, retried (will run again),"
-            " failed (for good), lost (the lease was gone: nothing written)",
+            " failed (for good), lost (the lease was gone: nothing written), snoozed"
+            " (pgq.Snooze), suspended (a workflow's sleep, wait or step retry)",
             ["type", "outcome"],
             registry=r,
         )

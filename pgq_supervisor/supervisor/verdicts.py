@@ -33,6 +33,7 @@ import logging
 import random
 from dataclasses import dataclass
 
+from pgq_supervisor.display import plural
 from pgq_supervisor.errors import ExitCode
 from pgq_supervisor.ipc import BootFailed, SlotView
 from pgq_supervisor.jobs import AttemptKind, JobId
@@ -137,8 +138,8 @@ def judge(dead: DeadChild, registry: Registry, rng: random.Random) -> Verdict:
         logs.append(
             LogLine(
                 logging.WARNING,
-                f"child {dead.index} died ({how}) holding {len(shared)} jobs: none is charged;"
-                " each runs alone next",
+                f"child {dead.index} died ({how}) holding {plural(len(shared), 'job')}: none is"
+                " charged; each runs alone next",
             )
         )
     if cancelled is not None:

@@ -17,6 +17,7 @@ from setproctitle import setproctitle
 
 from pgq_supervisor import db
 from pgq_supervisor.backoff import Backoff
+from pgq_supervisor.display import plural
 from pgq_supervisor.errors import DatabaseError
 from pgq_supervisor.ipc import (
     CancelJob,
@@ -268,7 +269,9 @@ class BaseWorker:
             return
         reason = None
         if self.spec.max_jobs is not None and self.jobs_done >= self.spec.max_jobs:
-            reason = f"ran {self.jobs_done} jobs (max_jobs_per_child={self.spec.max_jobs})"
+            reason = (
+                f"ran {plural(self.jobs_done, 'job')} (max_jobs_per_child={self.spec.max_jobs})"
+            )
         elif self.spec.max_memory_mb is not None and (rss := rss_mb()) > self.spec.max_memory_mb:
             reason = f"RSS {rss:.0f} MiB > max_memory_per_child={self.spec.max_memory_mb} MiB"
         if reason:
@@ -284,7 +287,9 @@ class BaseWorker:
             self.completer.flush(self.conn)
         except DatabaseError as exc:
             n = self.completer.buffered
-            log.warning("could not write %d successes before exit: %s", n, exc)
+            log.warning(
+                "could not write %s before exit: %s", plural(n, "success", "successes"), exc
+            )
         # the supervisor may be gone; then nobody is left to report to
         with contextlib.suppress(OSError):
             self._report()

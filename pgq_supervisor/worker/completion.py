@@ -33,6 +33,7 @@ from typing import Literal, NamedTuple, assert_never
 
 from pgq_supervisor import db
 from pgq_supervisor.db import workflows
+from pgq_supervisor.display import plural
 from pgq_supervisor.errors import DatabaseError
 from pgq_supervisor.jobs import (
     AttemptKind,
@@ -61,7 +62,7 @@ class Outcome(NamedTuple):
 
 
 # the kinds of attempt a child ends: a run's failures, and an async job it cancelled at its
-# timeout (a snooze ends none: _snooze)
+# timeout (a snooze ends none: _snooze; nor does a workflow's pause: _suspend)
 _EndKind = Literal[AttemptKind.ERROR, AttemptKind.PERMANENT, AttemptKind.TIMEOUT]
 
 
@@ -204,7 +205,10 @@ class Completer:
     def _write_failure(self, conn: db.Conn, job: Job, failure: Failure, took: float) -> None:
         kind = failure.kind
         if kind is AttemptKind.SNOOZED:
-            self._snooze(conn, job, failure, took)
+            if failure.suspends:  # a workflow's sleep, wait or step retry
+                self._suspend(conn, job, failure, took)
+            else:
+                self._snooze(conn, job, failure, took)
             return
         self._end_attempt(conn, job, took, failure.message, failure.data, kind, failure.retry_delay)
 
@@ -212,20 +216,15 @@ class Completer:
         """Back to pending after the snooze's delay, no attempt counted (fenced by its lease);
         failed with the failure's message if its type's max_snoozes is spent."""
         delay = failure.retry_delay
-        if failure.suspends:  # a workflow's sleep or wait: no max_snoozes (schema/0020)
-            ended = workflows.suspend(
-                conn, self.schema, job.id, lease=job.lease, delay=delay, wait=failure.wait
-            )
-        else:
-            ended = db.snooze(
-                conn,
-                self.schema,
-                job.id,
-                lease=job.lease,
-                delay=delay,
-                max_snoozes=failure.max_snoozes,
-                error=failure.message,
-            )
+        ended = db.snooze(
+            conn,
+            self.schema,
+            job.id,
+            lease=job.lease,
+            delay=delay,
+            max_snoozes=failure.max_snoozes,
+            error=failure.message,
+        )
         if not ended:
             self._lost(job, took)
             return
@@ -239,12 +238,32 @@ class Completer:
             job.attempt,
             took,
             self.worker_id,
-            (f" due_in={delay:g}s" + (f" wait={failure.wait}" if failure.wait else ""))
-            if snoozed
-            else f" error={failure.message}",
+            f" due_in={delay:g}s" if snoozed else f" error={failure.message}",
         )
         outcome = OutcomeKind.SNOOZED if snoozed else OutcomeKind.FAILED
         self._outcomes.append(Outcome(job, outcome, took, None if snoozed else failure.message))
+        self._drop(job.lease, [job.id])
+
+    def _suspend(self, conn: db.Conn, job: Job, failure: Failure, took: float) -> None:
+        """A workflow's sleep, wait or step retry: its run ends, its job is pending again (due
+        after the delay, or at the signal), fenced by its lease; no attempt, no max_snoozes
+        (schema/0020). Said as what it is: `workflow sleeping 5 s (sleep 'nap') id=...`."""
+        ended = workflows.suspend(
+            conn, self.schema, job.id, lease=job.lease, delay=failure.retry_delay,
+            wait=failure.wait,
+        )  # fmt: skip
+        if not ended:
+            self._lost(job, took)
+            return
+        log.info(
+            "%s id=%s type=%s duration=%.3fs worker=%s",
+            failure.message,
+            job.id,
+            job.type,
+            took,
+            self.worker_id,
+        )
+        self._outcomes.append(Outcome(job, OutcomeKind.SUSPENDED, took))
         self._drop(job.lease, [job.id])
 
     def _end_attempt(
@@ -326,8 +345,8 @@ class Completer:
             self.flush(conn)
         except DatabaseError as exc:
             log.warning(
-                "could not write %d successes (their jobs will run again): %s",
-                len(self._successes),
+                "could not write %s (their jobs will run again): %s",
+                plural(len(self._successes), "success", "successes"),
                 exc,
             )
             self.discard()
@@ -359,7 +378,7 @@ class Completer:
         try:
             db.release(conn, self.schema, ids=ids, lease=jobs[0].lease)
         except DatabaseError as exc:
-            log.warning("could not release %d claimed jobs (retrying): %s", len(ids), exc)
+            log.warning("could not release %s claimed (retrying): %s", plural(len(ids), "job"), exc)
             if self.heartbeat is not None:
                 self.heartbeat.release_later(jobs)
                 return

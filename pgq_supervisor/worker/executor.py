@@ -196,7 +196,7 @@ class Executor:
         """What `exc`, raised while running `job`, means under its handler's policy."""
         handler = self.registry.handlers.get(job.type)
         if isinstance(exc, Suspend):
-            message = f"workflow suspended for {exc.seconds:g} s"
+            message = f"workflow {exc.why}"
             failure = Failure(AttemptKind.SNOOZED, message, None, exc.seconds, 0, True, exc.wait)
             return Ran(job, None, failure, duration)
         if isinstance(exc, Snooze) and handler is not None:

@@ -38,6 +38,7 @@ from collections.abc import Callable, Sequence
 
 from pgq_supervisor import db
 from pgq_supervisor.backoff import Backoff
+from pgq_supervisor.display import plural
 from pgq_supervisor.errors import DatabaseError
 from pgq_supervisor.jobs import Job, JobId, LeaseToken
 from pgq_supervisor.worker.progress import ProgressBuffer, write_due
@@ -177,12 +178,15 @@ class Heartbeat:
                 self.drop(lease, ids)
                 released += len(ids)
         except DatabaseError as exc:
-            log.warning("could not release %d claimed jobs, retrying: %s", len(jobs), exc)
+            log.warning("could not release %s claimed, retrying: %s", plural(len(jobs), "job"), exc)
             self._disconnect()
         # what did not go back is still held (a job the beat found lost was dropped there)
         self._unreleased = [j for j in jobs if self._holds(j)]
         if released:
-            log.debug("released %d claimed jobs not started: the job in hand runs long", released)
+            log.debug(
+                "released %s claimed, not started: the job in hand runs long",
+                plural(released, "job"),
+            )
         return released
 
     def _connection(self) -> db.Conn:
@@ -218,9 +222,9 @@ class Heartbeat:
             return
         self.given_up = True
         log.warning(
-            "worker %s: no heartbeat has reached the database for %.1f s: giving up %d jobs"
+            "worker %s: no heartbeat has reached the database for %.1f s: giving up %s"
             " before they are rescued",
-            self._worker_id, self.stale_for(time.monotonic()), self.holding(),
+            self._worker_id, self.stale_for(time.monotonic()), plural(self.holding(), "job"),
         )  # fmt: skip
         self._on_give_up()
 

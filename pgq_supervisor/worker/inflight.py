@@ -47,6 +47,7 @@ from typing import Final, Unpack
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from pgq_supervisor import db
+from pgq_supervisor.display import plural
 from pgq_supervisor.errors import DatabaseError
 from pgq_supervisor.ipc import ChildSpec, Idle, JobSlot, Ready, RunAloneSet
 from pgq_supervisor.jobs import Job, JobId, LeaseToken
@@ -193,7 +194,9 @@ class InFlightWorker(Admission, BaseWorker):
         self.changed.clear()
         if self.done and not await self._settle():
             if self.stopping:  # leaving with the database away: the rescuer has them
-                log.warning("could not write the outcomes of %d jobs before exit", len(self.done))
+                log.warning(
+                    "could not write the outcomes of %s before exit", plural(len(self.done), "job")
+                )
                 self.done.clear()
             return
         release_in = None

@@ -113,7 +113,9 @@ class AsyncWorkflowContext:
         if left is not None and left <= 0:
             await self._commit(place, name, "wait", "timed_out", error="timed out")
             raise WaitTimeout(name)
-        raise Suspend(min(FOREVER, left) if left is not None else FOREVER, name)
+        raise Suspend.waiting(
+            name, FOREVER if left is None else min(FOREVER, left), left is not None
+        )
 
     async def enqueue(
         self,
@@ -175,7 +177,7 @@ class AsyncWorkflowContext:
         else:
             left = place.record.wake_in
         if left is not None and left > 0:
-            raise Suspend(min(left, FOREVER), None)
+            raise Suspend.sleeping(name, min(left, FOREVER))
         await self._commit(place, name, "sleep", "succeeded")
 
     async def _failed(
@@ -189,7 +191,7 @@ class AsyncWorkflowContext:
             raise StepFailed(name, error) from exc
         await self._commit(place, name, "step", "retrying", error=error, tries=tries,
                            duration=took, wake_in=delay)  # fmt: skip
-        raise Suspend(delay, None) from exc
+        raise Suspend.retrying(name, delay, tries) from exc
 
     async def _commit(
         self, place: Pending, name: str, kind: str, state: str, *,

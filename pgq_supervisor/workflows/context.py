@@ -122,7 +122,9 @@ class WorkflowContext:
         if left is not None and left <= 0:
             self._commit(place, name, "wait", "timed_out", error="timed out")
             raise WaitTimeout(name)
-        raise Suspend(min(FOREVER, left) if left is not None else FOREVER, name)
+        raise Suspend.waiting(
+            name, FOREVER if left is None else min(FOREVER, left), left is not None
+        )
 
     def enqueue(
         self,
@@ -187,7 +189,7 @@ class WorkflowContext:
         else:
             left = place.record.wake_in
         if left is not None and left > 0:
-            raise Suspend(min(left, FOREVER), None)
+            raise Suspend.sleeping(name, min(left, FOREVER))
         self._commit(place, name, "sleep", "succeeded")
 
     def _failed(self, place: Pending, name: str, tries: int, exc: Exception, took: float) -> None:
@@ -199,7 +201,7 @@ class WorkflowContext:
             raise StepFailed(name, error) from exc
         self._commit(place, name, "step", "retrying", error=error, tries=tries,
                      duration=took, wake_in=delay)  # fmt: skip
-        raise Suspend(delay, None) from exc
+        raise Suspend.retrying(name, delay, tries) from exc
 
     def _commit(
         self, place: Pending, name: str, kind: str, state: str, *,

@@ -53,7 +53,7 @@ def test_the_shipped_environment_runs_jobs_and_drains(
     assert get(port, "/healthz")[0] == 200
     wait_for("ready", lambda: get(port, "/readyz")[0] == 200)
     out = subprocess.run(["ps", "-o", "args=", "-p", str(sup.pid)], capture_output=True, text=True)
-    assert out.stdout.strip() == f"pgq-supervisor [{procs} procs]"
+    assert out.stdout.strip() == f"pgq-supervisor [{procs} proc{'s' if procs != 1 else ''}]"
 
     sup.signal(signal.SIGTERM)
     assert sup.wait(timeout=30) == 0

@@ -62,7 +62,7 @@ def test_default_log_summarises_jobs_and_shows_every_failure(
     # no per-job lines at the default level ...
     assert "job start" not in log and "job succeeded" not in log
     # ... but a summary per period, and the retry and failure with id, type, attempt, error
-    ended = sum(int(n) for n in re.findall(r"(\d+) jobs ended in", log))
+    ended = sum(int(n.replace(",", "")) for n in re.findall(r"([\d,]+) jobs? ended in", log))
     assert ended == 202  # 200 successes, one retry, one failure
     assert re.search(rf"WARNING .*job retry id={failing} type=fail attempt=1 .*boom", log)
     assert re.search(rf"ERROR .*job failed id={failing} type=fail attempt=2 .*boom", log)
@@ -76,6 +76,8 @@ def test_a_type_no_live_supervisor_serves_is_warned_about_once(
     sup = Supervisor(dsn, APP, "--procs", "1", *FAST)
     sups.append(sup)
     sup.wait_ready(1)
+    assert _titles()[sup.pid] == "pgq-supervisor [1 proc]"  # not "1 procs" (issue 36)
+    assert re.search(r"INFO .*supervisor pid=\d+ serving .* with 1 proc \(schema pgq\)", sup.log())
     pgq.enqueue(db, "slep", {"seconds": 0})
     pgq.enqueue(db, "noop", {})  # served: never named
     said = "WARNING .*jobs of type {!r} are enqueued but no live supervisor serves it"

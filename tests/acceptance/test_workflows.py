@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import threading
 import time
@@ -101,6 +102,11 @@ def test_a_sleep_resumes_on_time_across_a_supervisor_restart(
     job_id = pgq.enqueue(db, "nap", {"seconds": 2})
     wait_for("the workflow asleep", lambda: _state_of_step(db, job_id, "nap") == "sleeping")
     assert first.stop() == 0
+    # said as a sleep, not as a snooze of attempt 1 (issue 36)
+    assert re.search(
+        rf"INFO .*workflow sleeping 2 s \(sleep 'nap'\) id={job_id} type=nap ", first.log()
+    )
+    assert "snooze" not in first.log()
     second = Supervisor(dsn, APP, "--procs", "1", *FAST)
     sups.append(second)
     second.wait_ready(1)
@@ -122,8 +128,9 @@ def test_signals_before_and_after_the_wait_and_a_timeout(
 ) -> None:
     port = free_port()
     sup = Supervisor(
-        dsn, APP, "--procs", "2", "--concurrency", "4", "--metrics-port", str(port), *FAST
-    )
+        dsn, APP, "--procs", "2", "--concurrency", "4", "--metrics-port", str(port),
+        "--summary-interval", "1", *FAST,
+    )  # fmt: skip
     sups.append(sup)
     sup.wait_ready(2)
     with db.transaction():  # sent before the workflow reached its wait: kept
@@ -161,6 +168,15 @@ def test_signals_before_and_after_the_wait_and_a_timeout(
     assert steps("wait", "succeeded") == 2  # early, late; the timed out one:
     assert steps("wait", "timed_out") == 1
     assert steps("wait", "waiting", "approve_async") == 1
+    # each wait said as one, the summary counts them apart: no snooze anywhere (issue 36)
+    wait_for("the pauses summarised", lambda: "workflow pause" in sup.log())
+    log = sup.log()
+    for job_id, type_ in ((late, "approve"), (late_async, "approve_async")):
+        said = rf"INFO .*workflow waiting for signal 'approved' id={job_id} type={type_} "
+        assert re.search(said, log), log
+    assert re.search(rf"waiting for signal 'approved' \(up to 1 s\) id={timing_out} ", log)
+    assert re.search(r"workflow pauses? \(a sleep, a wait or a step's retry\): approve", log)
+    assert "snooze" not in log
 
 
 def test_async_workflows_and_child_jobs_in_the_in_flight_loop(

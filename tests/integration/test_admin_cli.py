@@ -15,7 +15,7 @@ from psycopg.conninfo import make_conninfo
 import pgq_supervisor as pgq
 from pgq_supervisor import db
 from pgq_supervisor.db import Conn
-from pgq_supervisor.jobs import AttemptKind, JobId, JobState
+from pgq_supervisor.jobs import AttemptKind, JobId, JobState, JsonValue
 from tests.support.db import claim_one, count_rows, finished, get
 from tests.support.processes import run_cli
 
@@ -503,6 +503,59 @@ def test_show_a_job_in_full_with_its_attempts_and_progress(dsn: str, conn: Conn)
     assert [a["error"] for a in doc["attempts"]] == ["SMTP refused\nmore"]
     assert doc["started_at"] is not None and doc["stopped_at"] is None
     assert doc["result"] is None
+
+
+TRACE = 'Traceback (most recent call last):\n  File "app.py", line 3, in send\nOSError: refused\n'
+
+
+def _fail_once(conn: Conn, type_: str) -> JobId:
+    """A job whose first attempt failed with a traceback, pending again."""
+    job_id = pgq.enqueue(conn, type_, {}, max_retry_count=1)
+    job = claim_one(conn, type_, max_retry_count=1)
+    data: dict[str, JsonValue] = {"exception": "OSError", "traceback": TRACE}
+    db.end_attempt(conn, "pgq", [job.id], error="OSError: refused", kind=AttemptKind.ERROR,
+                   lease=job.lease, error_data=data)  # fmt: skip
+    conn.execute("UPDATE pgq.job SET start_at = now() WHERE id = %s", (job_id,))
+    return job_id
+
+
+def test_a_success_clears_the_error_of_an_earlier_attempt(dsn: str, conn: Conn) -> None:
+    """Issue 36: a succeeded job kept its first attempt's error_msg, and `show` printed it."""
+    for succeed in (db.succeed, db.succeed_and_claim):
+        job_id = _fail_once(conn, "mail")
+        assert pgq.get_job(conn, job_id).error_msg == "OSError: refused"
+        job = claim_one(conn, "mail", max_retry_count=1)
+        if succeed is db.succeed:
+            assert db.succeed(conn, "pgq", job.lease, [(job_id, "1")]) == {job_id}
+        else:
+            held, _ = db.succeed_and_claim(conn, "pgq", job.lease, [(job_id, "1")],
+                                           worker_id="w", types=["none"], max_retry_counts=[0],
+                                           limit=1)  # fmt: skip
+            assert held == {job_id}
+        rec = pgq.get_job(conn, job_id)
+        assert (rec.state, rec.error_msg, rec.error_data) == (JobState.SUCCEEDED, None, None)
+        kept = [(a.get("error"), a.get("traceback")) for a in rec.attempts if isinstance(a, dict)]
+        assert kept == [("OSError: refused", TRACE)]
+        text = ok(cli(dsn, "show", str(job_id)))
+        assert "error_msg" not in text and "error_data" not in text
+        assert "#1  error" in text and "OSError: refused" in text  # the history keeps it
+
+
+def test_show_prints_a_traceback_as_lines(dsn: str, conn: Conn) -> None:
+    job_id = _fail_once(conn, "mail")
+    lines = ok(cli(dsn, "show", str(job_id))).splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("error_data"))
+    assert lines[at].split(None, 1) == ["error_data", '{"exception": "OSError"}']
+    assert [line.strip() for line in lines[at + 1 : at + 5]] == [
+        "traceback:",
+        "Traceback (most recent call last):",
+        'File "app.py", line 3, in send',
+        "OSError: refused",
+    ]
+    assert lines[at + 3].startswith(" " * 8)  # indented under its key
+    assert (
+        ok_json(cli(dsn, "show", str(job_id), "--json"))["job"]["error_data"]["traceback"] == TRACE
+    )
 
 
 def test_show_says_when_no_live_supervisor_serves_a_pending_job(dsn: str, conn: Conn) -> None:

@@ -34,4 +34,6 @@ def test_the_rescuer_writes_the_rescued_kind(conn: Conn) -> None:
 
 
 def test_outcome_kinds_are_the_metric_labels_users_see() -> None:
-    assert [k.value for k in OutcomeKind] == ["succeeded", "retried", "failed", "lost", "snoozed"]
+    assert [k.value for k in OutcomeKind] == [
+        "succeeded", "retried", "failed", "lost", "snoozed", "suspended",
+    ]  # fmt: skip

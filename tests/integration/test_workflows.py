@@ -66,7 +66,7 @@ def test_steps_run_once_and_a_replay_returns_their_stored_results(effects: Conn)
         return {"a": a, "b": b, "c": c}
 
     job_id = pgq.enqueue(effects, "flow", {"n": 5})
-    assert testing.drain(effects, registry).snoozed == 1
+    assert testing.drain(effects, registry).suspended == 1
     rec = get(effects, job_id)
     assert rec.state is pgq.JobState.PENDING and rec.current_retry_count == 0
     assert rec.start_at > db.db_now(effects, S) + timedelta(seconds=50)
@@ -123,7 +123,7 @@ def test_a_failing_step_is_retried_with_the_backoff_without_counting_an_attempt(
 
     job_id = pgq.enqueue(conn, "flow", {})
     for _ in range(2):
-        assert testing.drain(conn, registry).snoozed == 1
+        assert testing.drain(conn, registry).suspended == 1
         (_, flaky_step) = wdb.steps(conn, S, job_id)
         assert (flaky_step.state, flaky_step.error) == (
             "retrying",
@@ -185,7 +185,7 @@ def _waiting() -> pgq.Registry:
 def test_a_signal_sent_after_the_wait_wakes_the_workflow_at_once(conn: Conn) -> None:
     registry = _waiting()
     job_id = pgq.enqueue(conn, "approve", {})
-    assert testing.drain(conn, registry).snoozed == 1
+    assert testing.drain(conn, registry).suspended == 1
     assert get(conn, job_id).start_at > db.db_now(conn, S) + timedelta(days=365)
     assert _steps(conn, job_id) == [("wait", "approved", "waiting")]
     assert testing.drain(conn, registry).outcomes == []  # not due
@@ -251,7 +251,7 @@ def test_a_child_job_is_enqueued_once_and_its_end_wakes_the_workflow(conn: Conn)
 
     job_id = pgq.enqueue(conn, "parent", {})
     result = testing.drain(conn, registry, ignore=["child"])
-    assert result.snoozed == 1
+    assert result.suspended == 1
     (kid,) = [pgq.JobId(r[0]) for r in conn.execute("SELECT id FROM pgq.job WHERE type = 'child'")]
     assert get(conn, kid).workflow_parent == job_id
     assert get(conn, job_id).start_at > db.db_now(conn, S) + timedelta(days=365)

@@ -21,6 +21,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from pgq_supervisor.cli import build_parser
+from pgq_supervisor.cli_help import COMMAND_GROUPS, argument_default
 from pgq_supervisor.settings import Settings
 from pgq_supervisor.supervisor.metrics import Metrics
 
@@ -115,6 +116,8 @@ def _help(action: argparse.Action, settings_help: dict[str, str]) -> str:
     text = action.help if action.help not in (None, argparse.SUPPRESS) else ""
     text = text or settings_help.get(action.dest, "")
     text = text.replace("%(default)s", str(action.default)).replace("%%", "%")
+    if (default := argument_default(action)) is not None:  # as --help says it
+        text += f" (default: {default})"
     if action.choices is not None and "|" not in text:
         text = (text + "; " if text else "") + "one of " + ", ".join(map(str, action.choices))
     return _cell(text)
@@ -122,15 +125,20 @@ def _help(action: argparse.Action, settings_help: dict[str, str]) -> str:
 
 def cli_tables() -> str:
     settings_help = {n: f.description or "" for n, f in Settings.model_fields.items()}
-    commands = list(_subcommands(build_parser()))
+    # in the groups of `--help`
+    order = [name for names in COMMAND_GROUPS.values() for name in names]
+    commands = sorted(_subcommands(build_parser()), key=lambda c: order.index(c[0]))
+    group = {name: title for title, names in COMMAND_GROUPS.items() for name in names}
     per_command = [_flags(sub) for _, _, sub in commands]
     common = set.intersection(*(set(f) for f in per_command)) if per_command else set()
     out = ["Every command takes these flags:", "", "| flag | help |", "|---|---|"]
     first = per_command[0] if per_command else {}
     for key in sorted(common, key=list(first).index):
         out.append(f"| {_argument(first[key])} | {_help(first[key], settings_help)} |")
-    out += ["", "| command | what it does |", "|---|---|"]
-    out += [f"| [`{name}`](#{name}) | {_cell(text)} |" for name, text, _ in commands]
+    out += ["", "| group | command | what it does |", "|---|---|---|"]
+    out += [
+        f"| {group[name]} | [`{name}`](#{name}) | {_cell(text)} |" for name, text, _ in commands
+    ]
     for (name, text, _), flags in zip(commands, per_command, strict=True):
         out += ["", f"### {name}", "", _cell(text) or "—", ""]
         own = [a for key, a in flags.items() if key not in common]

@@ -35,11 +35,16 @@ def test_tally_counts_states_and_retries_per_type() -> None:
 
 def test_render_has_a_header_and_one_row_per_type() -> None:
     lines = render(tally(ROWS), elapsed=2.0, total=28, procs=4)
-    assert len(lines) == 2 + len(TYPES)
+    assert len(lines) == 3 + len(TYPES)
     assert "2.0 s" in lines[0] and "7 jobs/s" in lines[0] and "4 procs" in lines[0]
     assert lines[0].endswith("] 14/28") and "#" * 12 + "." * 12 in lines[0]
-    assert lines[1].split() == ["type", "done", "running", "pending", "retried", "failed"]
-    assert lines[3].split() == ["demo.flaky", "5", "0", "3", "13", "1"]
+    # more running than procs, said why (issue 36)
+    assert lines[1] == "  2 running on 4 procs (up to 200 in flight per child, run one at a time)"
+    assert lines[2].split() == ["type", "done", "running", "pending", "retried", "failed"]
+    assert lines[4].split() == ["demo.flaky", "5", "0", "3", "13", "1"]
+    one = render(tally(ROWS), elapsed=0.0, total=28, procs=1, claim_batch=10, concurrency=4)
+    assert "- jobs/s  1 proc  [" in one[0]  # nothing measured yet: no "0 jobs/s"
+    assert one[1] == "  2 running on 1 proc (up to 10 in flight per child, run up to 4 at a time)"
     line = plain_line(tally(ROWS), elapsed=2.0, total=28)
     assert line == "progress 2.0 s: 14/28 finished  running 2  pending 3  retried 13  failed 1"
 
