@@ -37,6 +37,7 @@ from pgq_supervisor.errors import (
     WaitTimeout,
 )
 from pgq_supervisor.frameworks import AsyncConnLike, ConnLike
+from pgq_supervisor.handles import TaskHandle
 from pgq_supervisor.jobs import (
     Bundle,
     BundleId,
@@ -82,6 +83,7 @@ __all__ = [
     "SchemaNotMigrated",
     "Snooze",
     "StepFailed",
+    "TaskHandle",
     "TypeStats",
     "WaitTimeout",
     "WorkflowContext",
