@@ -117,7 +117,11 @@ def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
         doc = {"job": record_json(record), "not_started": shown, "steps": listed}
         unserved: JsonValue = None
         if cover is not None and gap is not None:
-            unserved = {"live_supervisors": cover.live, "did_you_mean": gap.like}
+            unserved = {
+                "live_supervisors": cover.live,
+                "did_you_mean": gap.like,
+                "served": list(cover.served),
+            }
         print(json.dumps({**doc, "unserved": unserved}))
     else:
         said = None
@@ -127,6 +131,7 @@ def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
                 if not cover.live
                 else f"unserved: no live supervisor serves type {gap.type!r}"
                 + (f" (did you mean {gap.like!r}?)" if gap.like else "")
+                + f"; served: {cover.served_text()}"
             )
         print(_text(record, held, steps, said))
     return 0
