@@ -5,7 +5,7 @@ then one finding per cause: a session whose transaction has been open longer tha
 --max-transaction-age (pid, user, application, state, age, query), a replication slot, a
 prepared transaction, a table vacuum cannot keep up with; then which job types the live
 supervisors serve, and one finding per type with pending jobs that none serves (a misspelt type
-waits forever otherwise; admin/unserved.py). Exit 0 when nothing needs action, 1
+waits forever otherwise; coverage.py). Exit 0 when nothing needs action, 1
 when something does (so a cron job or a readiness check can alert on it), 2 on bad usage.
 Registered by admin.add_commands."""
 
@@ -16,8 +16,8 @@ import dataclasses
 import json
 from typing import TypeVar
 
-from pgq_supervisor.admin.unserved import Coverage, read_coverage
 from pgq_supervisor.connect import open_db
+from pgq_supervisor.coverage import Coverage, read_coverage
 from pgq_supervisor.db.health import Health, read_health
 from pgq_supervisor.errors import InvalidInput
 from pgq_supervisor.settings import Settings, parse_duration

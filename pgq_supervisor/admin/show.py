@@ -10,8 +10,8 @@ import json
 from datetime import datetime
 
 from pgq_supervisor import db
-from pgq_supervisor.admin.unserved import coverage
 from pgq_supervisor.connect import open_db
+from pgq_supervisor.coverage import coverage
 from pgq_supervisor.db import workflows
 from pgq_supervisor.display import (
     NotStarted,

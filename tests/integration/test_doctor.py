@@ -16,7 +16,7 @@ import pgq_supervisor as pgq
 from pgq_supervisor import db
 from pgq_supervisor.db import Conn
 from pgq_supervisor.supervisor.maintenance.vacuum_health import VacuumHealth
-from pgq_supervisor.supervisor.metrics import Metrics
+from pgq_supervisor.supervisor.metrics import Metrics, QueueMetrics
 from pgq_supervisor.web import create_app
 from tests.support.db import flush_stats
 from tests.support.processes import run_cli
@@ -212,3 +212,22 @@ def test_pending_types_no_live_supervisor_serves_are_findings(conn: Conn, dsn: s
     code, text = judged("--json")
     report = json.loads(text)
     assert ours(report["findings"]) == [] and report["coverage"]["unserved"] == []
+
+
+def test_the_unserved_gauge_counts_pending_jobs_no_live_supervisor_serves(conn: Conn) -> None:
+    metrics = Metrics()
+    gauges = QueueMetrics("pgq", metrics, heartbeat_interval=1.0)
+
+    def unserved(type_: str) -> float | None:
+        gauges.run_once(conn)
+        return metrics.registry.get_sample_value("pgq_unserved_jobs", {"type": type_})
+
+    pgq.enqueue_many(conn, [pgq.NewJob("gret") for _ in range(3)] + [pgq.NewJob("greet")])
+    assert (unserved("gret"), unserved("greet")) == (3, 1)  # no supervisor at all
+    db.register_supervisor(
+        conn, "pgq", id="a", host="h", pid=1, procs=1, types=["greet"],
+        started_at=db.db_now(conn, "pgq"), children=[],
+    )  # fmt: skip
+    assert (unserved("gret"), unserved("greet")) == (3, 0)  # served now: 0, not a stale 1
+    conn.execute("UPDATE pgq.supervisor SET seen_at = now() - interval '4 seconds'")
+    assert unserved("greet") == 1  # its row is older than 3 x heartbeat_interval: stale

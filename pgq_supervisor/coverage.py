@@ -2,7 +2,8 @@
 at enqueue ("gret" for "greet") is otherwise ordinary pending work that waits forever in
 silence. Judged from the supervisor table (schema/0010): each live supervisor lists the types
 it serves; a row not refreshed for 3 x heartbeat_interval is stale and serves nothing. `status`,
-`show` and `doctor` print these lines; the dashboard shows them (read_coverage reads them)."""
+`show` and `doctor` print these lines, the dashboard shows them and the supervisor's
+pgq_unserved_jobs gauge counts them (read_coverage reads them); `wait` asks its own query."""
 
 from __future__ import annotations
 
@@ -11,10 +12,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from pgq_supervisor import db
-from pgq_supervisor.admin.workers import is_stale
 from pgq_supervisor.db.rows import SupervisorRecord
 from pgq_supervisor.jobs import JobState, JsonValue
 from pgq_supervisor.vacuum import Finding
+
+
+def is_stale(record: SupervisorRecord, heartbeat_interval: float) -> bool:
+    """Not refreshed for three of its upsert intervals (the heartbeat interval): it serves
+    nothing (`workers` marks it STALE)."""
+    return record.seen_ago > 3 * heartbeat_interval
 
 
 @dataclass(frozen=True, slots=True)
