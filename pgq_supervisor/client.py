@@ -34,6 +34,8 @@ if TYPE_CHECKING:
     # imported lazily: worker children import this package and never need the pool
     from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
+    from pgq_supervisor.registry import Registry  # it imports this module (handles.py)
+
 
 class EnqueueOptions(TypedDict, total=False):
     priority: int
@@ -366,22 +368,46 @@ def migrate(conn: ConnLike, *, schema: str | None = None) -> list[int]:
 class Producer:
     """Enqueues through a connection pool, one short transaction per call, for code that has
     no transaction of its own. Works with ConnectionPool (sync methods) and
-    AsyncConnectionPool (the `_async` methods)."""
+    AsyncConnectionPool (the `_async` methods).
+
+    With `registry=` (opt-in), a type the registry has no handler for is refused before
+    anything is written (InvalidInput: "no handler for job type 'gret' (did you mean
+    'greet'?)"), and a payload that does not fit the handler's annotation too: a misspelt type
+    fails at once instead of waiting for a supervisor that never comes."""
 
     @overload
-    def __init__(self, pool: ConnectionPool[db.Conn], *, schema: str | None = None) -> None: ...
+    def __init__(
+        self,
+        pool: ConnectionPool[db.Conn],
+        *,
+        schema: str | None = None,
+        registry: Registry | None = None,
+    ) -> None: ...
     @overload
     def __init__(
-        self, pool: AsyncConnectionPool[db.AsyncConn], *, schema: str | None = None
+        self,
+        pool: AsyncConnectionPool[db.AsyncConn],
+        *,
+        schema: str | None = None,
+        registry: Registry | None = None,
     ) -> None: ...
     def __init__(
         self,
         pool: ConnectionPool[db.Conn] | AsyncConnectionPool[db.AsyncConn],
         *,
         schema: str | None = None,
+        registry: Registry | None = None,
     ) -> None:
         self._pool = pool
         self._schema = _schema(schema)
+        self._registry = registry
+
+    def _check(self, type_: str, payload: JsonValue) -> None:
+        """With a registry: InvalidInput for a type it does not know or a payload that does not
+        fit its handler (as pgq.enqueue stores it: null is {})."""
+        if self._registry is not None:
+            _check_type(type_)
+            self._registry.get(type_).validate({} if payload is None else payload)
 
     def _sync_pool(self) -> ConnectionPool[db.Conn]:
         from psycopg_pool import ConnectionPool
@@ -402,16 +428,21 @@ class Producer:
     def enqueue(
         self, type: str, payload: JsonValue = None, **options: Unpack[EnqueueOptions]
     ) -> JobId:
+        self._check(type, payload)
         with self._sync_pool().connection() as conn, conn.transaction():
             return enqueue(conn, type, payload, schema=self._schema, **options)
 
     def enqueue_many(self, jobs: Sequence[NewJob]) -> list[JobId]:
+        for job in jobs:
+            if isinstance(job, NewJob):  # anything else: db.enqueue_many says what is wrong
+                self._check(job.type, job.payload)
         with self._sync_pool().connection() as conn, conn.transaction():
             return db.enqueue_many(conn, self._schema, jobs)
 
     async def enqueue_async(
         self, type: str, payload: JsonValue = None, **options: Unpack[EnqueueOptions]
     ) -> JobId:
+        self._check(type, payload)
         async with self._async_pool().connection() as conn, conn.transaction():
             return await enqueue_async(conn, type, payload, schema=self._schema, **options)
 

@@ -269,10 +269,13 @@ class Registry:
         return sorted(self.handlers)
 
     def get(self, type_: str) -> Handler:
+        """`type_`'s handler; InvalidInput naming it (and a registered type close to it)."""
         try:
             return self.handlers[type_]
         except KeyError:
-            raise InvalidInput(f"no handler for job type {type_!r}") from None
+            like = get_close_matches(str(type_), self.types, n=1)
+            hint = f" (did you mean {like[0]!r}?)" if like else ""
+            raise InvalidInput(f"no handler for job type {type_!r}{hint}") from None
 
     def policy(self, type_: str) -> Policy:
         """The policy of `type_`'s handler; UNHANDLED when there is none."""
