@@ -17,6 +17,7 @@ reads it back). A handler without an annotation takes any JSON value, as `pgq.en
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Generic, ParamSpec, TypeVar, Unpack, cast
 
@@ -50,6 +51,9 @@ class TaskHandle(Generic[P, A, R]):
         self._type = type_
         self._func = func
         functools.update_wrapper(self, func)
+        mark = getattr(inspect, "markcoroutinefunction", None)  # Python 3.12+
+        if mark is not None and inspect.iscoroutinefunction(func):
+            mark(self)  # inspect.iscoroutinefunction(handle) as of its function
 
     @property
     def type(self) -> str:
