@@ -1,7 +1,6 @@
 """pgq_supervisor: a PostgreSQL job queue whose workers are real processes."""
 
 from pgq_supervisor.client import (
-    Producer,
     cancel_job,
     delete_finished,
     enqueue,
@@ -37,6 +36,7 @@ from pgq_supervisor.errors import (
     WaitTimeout,
 )
 from pgq_supervisor.frameworks import AsyncConnLike, ConnLike
+from pgq_supervisor.handles import TaskHandle
 from pgq_supervisor.jobs import (
     Bundle,
     BundleId,
@@ -48,6 +48,7 @@ from pgq_supervisor.jobs import (
     NewJob,
     TypeStats,
 )
+from pgq_supervisor.producer import Producer
 from pgq_supervisor.registry import Registry, RetryPolicy
 from pgq_supervisor.waiting import wait, wait_async, wait_many, wait_many_async
 from pgq_supervisor.workflows.async_context import AsyncWorkflowContext
@@ -82,6 +83,7 @@ __all__ = [
     "SchemaNotMigrated",
     "Snooze",
     "StepFailed",
+    "TaskHandle",
     "TypeStats",
     "WaitTimeout",
     "WorkflowContext",

@@ -1,7 +1,8 @@
 """Handlers, their payload validation and policy. No database, no processes.
 
-A handler's policy (timeout, retry budget, backoff) is resolved here, once, at registration;
-the worker, the executor and the supervisor ask it rather than each working it out.
+A handler's policy (timeout, retry budget, backoff; policy.py) is resolved here, once, at
+registration; the worker, the executor and the supervisor ask it rather than each working it
+out. Registering gives back a TaskHandle (handles.py): the function, and its type's enqueue.
 """
 
 from __future__ import annotations
@@ -9,87 +10,35 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
-import math
-import random
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from difflib import get_close_matches
-from typing import TypeVar
+from typing import Concatenate, ParamSpec, TypeVar
 
 import pydantic
 
 from pgq_supervisor.aging import Aging
 from pgq_supervisor.errors import AppLoadError, ConfigError, InvalidInput
-from pgq_supervisor.jobs import Job, JsonValue, check_type_name
+from pgq_supervisor.handles import TaskHandle
+from pgq_supervisor.jobs import JsonValue, check_type_name
 from pgq_supervisor.limits import Limits as Limits
 from pgq_supervisor.limits import Rate as Rate
 from pgq_supervisor.periodic import Schedule
+from pgq_supervisor.policy import DEFAULT_MAX_RETRY_COUNT as DEFAULT_MAX_RETRY_COUNT
+from pgq_supervisor.policy import DEFAULT_MAX_SNOOZES as DEFAULT_MAX_SNOOZES
+from pgq_supervisor.policy import UNHANDLED as UNHANDLED
+from pgq_supervisor.policy import Backoff as Backoff
+from pgq_supervisor.policy import ClaimPolicy as ClaimPolicy
+from pgq_supervisor.policy import Policy as Policy
+from pgq_supervisor.policy import RetryPolicy as RetryPolicy
 
 F = TypeVar("F", bound=Callable[..., object])
-
-DEFAULT_MAX_RETRY_COUNT = 3
-# A handler snoozing its job more often than this waits for something that does not come.
-DEFAULT_MAX_SNOOZES = 100
-
-
-@dataclass(frozen=True, slots=True)
-class RetryPolicy:
-    """Exponential backoff with full jitter: retry n waits uniform(0, min(cap, base * 2**(n-1)))."""
-
-    base: float = 1.0
-    cap: float = 300.0
-
-    def __post_init__(self) -> None:
-        if self.base < 0 or self.cap < 0:
-            raise ConfigError(f"retry base and cap must be >= 0, got {self.base}, {self.cap}")
-
-    def __call__(self, attempt: int, rng: random.Random) -> float:
-        """Delay before the retry that follows failed attempt `attempt` (1-based)."""
-        # the exponent is clamped: 2**1024 overflows, and a job may retry more often than that
-        ceiling = min(self.cap, self.base * math.pow(2.0, min(max(0, attempt - 1), 1000)))
-        return rng.uniform(0.0, ceiling)
-
-
-# A custom policy: (failed attempt number, rng) -> seconds to wait.
-Backoff = Callable[[int, random.Random], float]
-
-
-@dataclass(frozen=True, slots=True)
-class Policy:
-    """What a job type's handler allows: how long an attempt may run, how many retries, and
-    how long to wait before each."""
-
-    timeout: float | None
-    max_retry_count: int
-    backoff: Backoff
-    max_snoozes: int = DEFAULT_MAX_SNOOZES  # pgq.Snooze: past this many, the job fails
-
-    def timeout_for(self, job: Job) -> float | None:
-        """The job's own timeout if it was enqueued with one, else the handler's."""
-        return job.timeout or self.timeout
-
-    def retry_delay(self, attempt: int, rng: random.Random) -> float:
-        """Seconds to wait before the retry that follows failed attempt `attempt` (1-based)."""
-        return self.backoff(attempt, rng)
-
-
-def _no_retry(attempt: int, rng: random.Random) -> float:
-    return 0.0
-
-
-# A job whose type has no handler here: it fails at once, under its own timeout if any.
-UNHANDLED = Policy(timeout=None, max_retry_count=0, backoff=_no_retry)
-
-
-@dataclass(frozen=True, slots=True)
-class ClaimPolicy:
-    """The arrays a claim passes: the types a worker takes and each one's retry budget (the
-    claim stores it on jobs enqueued without their own)."""
-
-    types: tuple[str, ...]
-    max_retry_counts: tuple[int, ...]
+P = TypeVar("P")  # a handler's payload, as annotated
+A = ParamSpec("A")  # the rest of a handler's parameters
+R = TypeVar("R")
+C = TypeVar("C")  # a workflow's context
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,8 +73,9 @@ class Handler:
     def backoff(self) -> Backoff:
         return self.policy.backoff
 
-    def validate(self, payload: JsonValue) -> object:
-        """The payload as the handler's annotation wants it; InvalidInput if it does not fit."""
+    def validate(self, payload: object, *, argument: str = "payload") -> object:
+        """The payload as the handler's annotation wants it; InvalidInput (naming `argument`)
+        if it does not fit."""
         if self.adapter is None:
             return payload
         try:
@@ -134,7 +84,7 @@ class Handler:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"]) or "payload"
             raise InvalidInput(
-                f"payload for {self.type!r} is invalid: {where}: {first['msg']}"
+                f"{argument} for {self.type!r} is invalid: {where}: {first['msg']}"
                 + (f" (+{exc.error_count() - 1} more)" if exc.error_count() > 1 else "")
             ) from exc
 
@@ -165,18 +115,19 @@ class Registry:
         ephemeral: bool = False,
         max_snoozes: int = DEFAULT_MAX_SNOOZES,
         aging: tuple[float | timedelta, int] | None = None,
-    ) -> Callable[[F], F]:
-        """Register the decorated function as the handler of `type_`. `rate=(N, period)`: at
-        most N starts of the type per period (seconds or timedelta) across all supervisors
-        (see Rate). `global_concurrency=N`: at most N jobs of the type running at once across
-        all supervisors; `key_concurrency=N`: at most N running per `concurrency_key` (see
+    ) -> Callable[[Callable[Concatenate[P, A], R]], TaskHandle[P, Concatenate[P, A], R]]:
+        """Register the decorated function as the handler of `type_`; it becomes a TaskHandle (the
+        function still, with `.enqueue(conn, payload)` of this type: handles.py). `rate=(N,
+        period)`: at most N starts of the type per period (seconds or timedelta) across all
+        supervisors (see Rate). `global_concurrency=N`: at most N jobs of the type running at once
+        across all supervisors; `key_concurrency=N`: at most N running per `concurrency_key` (see
         Limits). `concurrency=N`: at most N jobs of the type in flight in one child (the
-        `concurrency` setting caps them all). `ephemeral=True`: a job of the type leaves no
-        row when it succeeds (deleted by its completion; one in a bundle or with dependents is
-        kept, as succeeded, for them); failures are kept as usual. `max_snoozes=N`: a job its
-        handler snoozes (pgq.Snooze) more than N times fails. `aging=(every, max_priority)`: a
-        pending job's priority rises by one per `every` it waits, up to max_priority (see
-        Aging). ConfigError for an invalid option."""
+        `concurrency` setting caps them all). `ephemeral=True`: a job of the type leaves no row when
+        it succeeds (deleted by its completion; one in a bundle or with dependents is kept, as
+        succeeded, for them); failures are kept as usual. `max_snoozes=N`: a job its handler snoozes
+        (pgq.Snooze) more than N times fails. `aging=(every, max_priority)`: a pending job's
+        priority rises by one per `every` it waits, up to max_priority (see Aging). ConfigError for
+        an invalid option."""
         try:
             check_type_name(type_)
         except ValueError as exc:
@@ -195,7 +146,11 @@ class Registry:
         if isinstance(max_snoozes, bool) or not isinstance(max_snoozes, int) or max_snoozes < 0:
             raise ConfigError(f"handler {type_!r}: max_snoozes must be an integer >= 0")
 
-        def register(func: F) -> F:
+        def register(
+            decorated: Callable[Concatenate[P, A], R],
+        ) -> TaskHandle[P, Concatenate[P, A], R]:
+            # a handle registered again (a second registry, a second type): its function
+            func = decorated.func if isinstance(decorated, TaskHandle) else decorated
             if type_ in self.handlers:
                 raise ConfigError(f"job type {type_!r} has two handlers")
             handler = _make_handler(type_, func, timeout, max_retry_count, retry or RetryPolicy())
@@ -209,7 +164,7 @@ class Registry:
                 ephemeral=bool(ephemeral),
                 aging=parsed_aging,
             )
-            return func
+            return TaskHandle(self, type_, func)
 
         return register
 
@@ -222,16 +177,18 @@ class Registry:
         retry: RetryPolicy | Backoff | None = None,
         concurrency: int | None = None,
         global_concurrency: int | None = None,
-    ) -> Callable[[F], F]:
+    ) -> Callable[[Callable[[C, P], R]], TaskHandle[P, [C, P], R]]:
         """Register the decorated `func(ctx, payload)` (sync or async) as the workflow of
-        `type_` (docs/workflows.md). The options are `handler`'s; `timeout` bounds each run
+        `type_` (docs/workflows.md); it becomes a TaskHandle, as a handler does. The options
+        are `handler`'s; `timeout` bounds each run
         (a sleep or a wait ends one), `max_retry_count` and `retry` apply to each step."""
         register = self.handler(
             type_, timeout=timeout, max_retry_count=max_retry_count, retry=retry,
             concurrency=concurrency, global_concurrency=global_concurrency,
         )  # fmt: skip
 
-        def decorate(func: F) -> F:
+        def decorate(decorated: Callable[[C, P], R]) -> TaskHandle[P, [C, P], R]:
+            func = decorated.func if isinstance(decorated, TaskHandle) else decorated
             params = list(inspect.signature(func).parameters.values())
             if len(params) != 2:
                 raise ConfigError(f"workflow {type_!r} must take (ctx, payload)")
@@ -241,7 +198,7 @@ class Registry:
             self.handlers[type_] = dataclasses.replace(
                 handler, func=func, adapter=adapter, workflow=True, wants_conn=True
             )
-            return func
+            return TaskHandle(self, type_, func)
 
         return decorate
 
@@ -288,6 +245,9 @@ class Registry:
 
         def decorate(func: F) -> F:
             if type is None:
+                if isinstance(func, TaskHandle) and func.type in self.handlers:
+                    declare(func.type)
+                    return func
                 found = [h.type for h in self.handlers.values() if h.func is func]
                 if not found:
                     raise ConfigError(
@@ -309,10 +269,13 @@ class Registry:
         return sorted(self.handlers)
 
     def get(self, type_: str) -> Handler:
+        """`type_`'s handler; InvalidInput naming it (and a registered type close to it)."""
         try:
             return self.handlers[type_]
         except KeyError:
-            raise InvalidInput(f"no handler for job type {type_!r}") from None
+            like = get_close_matches(str(type_), self.types, n=1)
+            hint = f" (did you mean {like[0]!r}?)" if like else ""
+            raise InvalidInput(f"no handler for job type {type_!r}{hint}") from None
 
     def policy(self, type_: str) -> Policy:
         """The policy of `type_`'s handler; UNHANDLED when there is none."""

@@ -20,6 +20,7 @@ handler reported progress (pgq_job_progress names it), at most once per notifica
 from __future__ import annotations
 
 import contextlib
+import difflib
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -40,6 +41,7 @@ SAFETY_RECHECK = 5.0  # seconds between re-reads of every job still waited on
 # A timeout names the pending types no supervisor seen this recently serves (the supervisor
 # table, schema/0010: a live one refreshes its row every heartbeat interval, 1 s by default)
 UNSERVED_SEEN_WITHIN = 60.0
+MAX_SERVED_NAMED = 10  # served types a timeout names
 
 OnProgress = Callable[[JobRecord], None]
 
@@ -130,16 +132,27 @@ class _Waiting:
     def unfinished(self) -> list[JobId]:
         return sorted(self.remaining, key=str)
 
-    def timed_out(self, unserved: Sequence[str]) -> TimeoutError:
-        """The error of a timeout; `unserved`: the pending types of the jobs still waited on
-        that no live supervisor serves (a misspelt type waits forever: say so)."""
+    def timed_out(self, coverage: tuple[Sequence[str], Sequence[str]]) -> TimeoutError:
+        """The error of a timeout; `coverage`: (the pending types of the jobs still waited on
+        that no live supervisor serves, the types the live ones serve). A misspelt type waits
+        forever: say so, and what is served (did you mean one of them?)."""
+        unserved, served = coverage
         n = len(self.remaining)
         hint = ""
         if unserved:
             names = ", ".join(repr(t) for t in unserved)
+            like = [m for t in unserved for m in difflib.get_close_matches(t, served, n=1)]
+            shown = ", ".join(repr(t) for t in served[:MAX_SERVED_NAMED])
+            more = len(served) - MAX_SERVED_NAMED
             hint = (
                 f"; no supervisor seen in the last {UNSERVED_SEEN_WITHIN:g} s serves"
                 f" type{'s' if len(unserved) != 1 else ''} {names}"
+                + (f" (did you mean {like[0]!r}?)" if like else "")
+                + (
+                    f"; served: {shown}{f' and {more} more' if more > 0 else ''}"
+                    if served
+                    else "; no supervisor is live"
+                )
             )
         return TimeoutError(
             f"{n} job{'s' if n != 1 else ''} still unfinished after {self.timeout} s"

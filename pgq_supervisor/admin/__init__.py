@@ -30,8 +30,8 @@ from pgq_supervisor.admin.control import (
     paused_lines,
 )
 from pgq_supervisor.admin.show import cmd_show
-from pgq_supervisor.admin.unserved import coverage
 from pgq_supervisor.connect import open_db
+from pgq_supervisor.coverage import coverage
 from pgq_supervisor.display import plural, progress_cell
 from pgq_supervisor.errors import InvalidInput, InvalidTransition
 from pgq_supervisor.jobs import (

@@ -3,7 +3,9 @@
 Prints the job table's dead tuples, size and last vacuums, the server's autovacuum settings,
 then one finding per cause: a session whose transaction has been open longer than
 --max-transaction-age (pid, user, application, state, age, query), a replication slot, a
-prepared transaction, a table vacuum cannot keep up with. Exit 0 when nothing needs action, 1
+prepared transaction, a table vacuum cannot keep up with; then which job types the live
+supervisors serve, and one finding per type with pending jobs that none serves (a misspelt type
+waits forever otherwise; coverage.py). Exit 0 when nothing needs action, 1
 when something does (so a cron job or a readiness check can alert on it), 2 on bad usage.
 Registered by admin.add_commands."""
 
@@ -15,6 +17,7 @@ import json
 from typing import TypeVar
 
 from pgq_supervisor.connect import open_db
+from pgq_supervisor.coverage import Coverage, read_coverage
 from pgq_supervisor.db.health import Health, read_health
 from pgq_supervisor.errors import InvalidInput
 from pgq_supervisor.settings import Settings, parse_duration
@@ -28,8 +31,8 @@ def add_command(sub: argparse._SubParsersAction[Parser], parents: list[Parser]) 
     p = sub.add_parser(
         "doctor",
         parents=parents,
-        help="vacuum health: what holds the xmin horizon back, the job table's dead tuples"
-        " (exit 1 when something needs action)",
+        help="vacuum health: what holds the xmin horizon back, the job table's dead tuples;"
+        " pending job types no live supervisor serves (exit 1 when something needs action)",
     )
     p.add_argument(
         "--max-transaction-age",
@@ -56,15 +59,24 @@ def cmd_doctor(args: argparse.Namespace, settings: Settings) -> int:
     _, conn = open_db(settings)
     with conn:
         health = read_health(conn, schema, older_than=max_age)
+        cover = read_coverage(conn, schema, settings.heartbeat_interval)
     findings = diagnose(health, schema, max_age=max_age, max_xmin_age=args.max_xmin_age)
+    findings += cover.findings()
     if args.json:
-        print(json.dumps(_json(health, findings), default=str))
+        doc = {**_json(health, findings), "coverage": cover.to_json()}
+        print(json.dumps(doc, default=str))
     else:
-        print("\n".join(_lines(health, findings, schema)))
+        print("\n".join(_lines(health, findings, schema, cover)))
     return NEEDS_ACTION if findings else 0
 
 
-def _lines(health: Health, findings: list[Finding], schema: str) -> list[str]:
+def _served_line(cover: Coverage) -> str:
+    if not cover.live:
+        return "supervisors: none live"
+    return f"supervisors: serving {cover.served_text()}"
+
+
+def _lines(health: Health, findings: list[Finding], schema: str, cover: Coverage) -> list[str]:
     t = health.table
     out = []
     if t is None:
@@ -79,8 +91,9 @@ def _lines(health: Health, findings: list[Finding], schema: str) -> list[str]:
             f"  table options: {', '.join(t.options) or 'none (the server defaults)'}",
         ]
     out.append("server: " + ", ".join(f"{s.name}={s.value}" for s in health.settings))
+    out.append(_served_line(cover))
     if not findings:
-        out.append("ok: nothing holds vacuum back")
+        out.append("ok: nothing holds vacuum back; every pending job type is served")
     for i, f in enumerate(findings, 1):
         out += [f"{i}. {f.what}", f"   what to do: {f.action}"]
     return out

@@ -10,8 +10,8 @@ import json
 from datetime import datetime
 
 from pgq_supervisor import db
-from pgq_supervisor.admin.unserved import coverage
 from pgq_supervisor.connect import open_db
+from pgq_supervisor.coverage import coverage
 from pgq_supervisor.db import workflows
 from pgq_supervisor.display import (
     NotStarted,
@@ -123,7 +123,11 @@ def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
         doc = {"job": record_json(record), "not_started": shown, "steps": listed}
         unserved: JsonValue = None
         if cover is not None and gap is not None:
-            unserved = {"live_supervisors": cover.live, "did_you_mean": gap.like}
+            unserved = {
+                "live_supervisors": cover.live,
+                "did_you_mean": gap.like,
+                "served": list(cover.served),
+            }
         print(json.dumps({**doc, "unserved": unserved}))
     else:
         said = None
@@ -133,6 +137,7 @@ def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
                 if not cover.live
                 else f"unserved: no live supervisor serves type {gap.type!r}"
                 + (f" (did you mean {gap.like!r}?)" if gap.like else "")
+                + f"; served: {cover.served_text()}"
             )
         print(_text(record, held, steps, said))
     return 0

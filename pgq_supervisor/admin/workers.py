@@ -14,6 +14,7 @@ from typing import TypeVar
 
 from pgq_supervisor import db
 from pgq_supervisor.connect import open_db
+from pgq_supervisor.coverage import is_stale
 from pgq_supervisor.db.rows import SupervisorRecord
 from pgq_supervisor.display import children_of, count_of, plural
 from pgq_supervisor.jobs import JsonValue
@@ -49,11 +50,6 @@ def cmd_dashboard_indexes(args: argparse.Namespace, settings: Settings) -> int:
     else:
         print(f"dashboard indexes present: {names}")
     return 0
-
-
-def is_stale(record: SupervisorRecord, heartbeat_interval: float) -> bool:
-    """Not refreshed for three of its upsert intervals (the heartbeat interval)."""
-    return record.seen_ago > 3 * heartbeat_interval
 
 
 def in_hand(child: dict[str, JsonValue]) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from psycopg.rows import scalar_row
+from psycopg.rows import scalar_row, tuple_row
 
 from pgq_supervisor.db import rows
 from pgq_supervisor.db.connection import AsyncConn, Conn, cursor, cursor_async, statement, wrapped
@@ -47,25 +47,38 @@ async def get_jobs_async(
             return {r.id: r for r in await cur.fetchall()}
 
 
-def unserved_types(conn: Conn, schema: str, ids: Sequence[JobId], seen_within: float) -> list[str]:
-    """The types of those of `ids` still pending that no supervisor seen within `seen_within`
-    seconds serves, sorted."""
+def unserved_types(
+    conn: Conn, schema: str, ids: Sequence[JobId], seen_within: float
+) -> tuple[list[str], list[str]]:
+    """(the types of those of `ids` still pending that no supervisor seen within `seen_within`
+    seconds serves, the types those supervisors serve), each sorted."""
     params: UnservedParams = {"ids": list(ids), "seen_within": seen_within}
-    with wrapped(), cursor(conn, scalar_row) as cur:
-        found: list[str] = cur.execute(statement("unserved_types", schema), params).fetchall()
-    return found
+    with wrapped(), cursor(conn, tuple_row) as cur:
+        row = cur.execute(statement("unserved_types", schema), params).fetchone()
+    return _two_lists(row)
 
 
 async def unserved_types_async(
     conn: AsyncConn, schema: str, ids: Sequence[JobId], seen_within: float
-) -> list[str]:
+) -> tuple[list[str], list[str]]:
     """`unserved_types` on an async connection."""
     params: UnservedParams = {"ids": list(ids), "seen_within": seen_within}
     with wrapped():
-        async with cursor_async(conn, scalar_row) as cur:
+        async with cursor_async(conn, tuple_row) as cur:
             await cur.execute(statement("unserved_types", schema), params)
-            found: list[str] = await cur.fetchall()
-    return found
+            row = await cur.fetchone()
+    return _two_lists(row)
+
+
+def _two_lists(row: tuple[object, ...] | None) -> tuple[list[str], list[str]]:
+    if row is None:  # one row always: two ARRAY(...) of no FROM
+        return [], []
+    unserved, served = row
+    return _strs(unserved), _strs(served)
+
+
+def _strs(value: object) -> list[str]:
+    return [str(t) for t in value] if isinstance(value, list) else []
 
 
 def set_progress(

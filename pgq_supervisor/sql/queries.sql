@@ -466,15 +466,24 @@ SELECT id, state FROM {schema}.job WHERE id = ANY(%(ids)s::uuid[])
 
 -- name: unserved_types
 -- Of a waiter's jobs, the types of those still pending that no supervisor seen within
--- `seen_within` seconds serves (`wait`'s timeout names them: a misspelt type waits forever).
--- Read once, at the timeout: a few ids on the primary key and the few supervisor rows.
-SELECT DISTINCT j.type
-FROM {schema}.job j
-WHERE j.id = ANY(%(ids)s::uuid[]) AND j.state = 'pending'
-  AND NOT EXISTS (
-    SELECT FROM {schema}.supervisor s
-    WHERE j.type = ANY(s.types) AND s.seen_at > now() - make_interval(secs => %(seen_within)s))
-ORDER BY j.type
+-- `seen_within` seconds serves, and the types those supervisors serve (`wait`'s timeout
+-- names both: a misspelt type waits forever). Read once, at the timeout: a few ids on the
+-- primary key and the few supervisor rows.
+SELECT
+  ARRAY(
+    SELECT DISTINCT j.type
+    FROM {schema}.job j
+    WHERE j.id = ANY(%(ids)s::uuid[]) AND j.state = 'pending'
+      AND NOT EXISTS (
+        SELECT FROM {schema}.supervisor s
+        WHERE j.type = ANY(s.types)
+          AND s.seen_at > now() - make_interval(secs => %(seen_within)s))
+    ORDER BY j.type) AS unserved,
+  ARRAY(
+    SELECT DISTINCT t
+    FROM {schema}.supervisor s, unnest(s.types) t
+    WHERE s.seen_at > now() - make_interval(secs => %(seen_within)s)
+    ORDER BY t) AS served
 
 -- name: get_jobs
 SELECT id, bundle_id, type, payload, priority, origin, state, max_retry_count,

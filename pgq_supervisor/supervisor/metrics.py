@@ -20,6 +20,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
 from pgq_supervisor import db
+from pgq_supervisor.coverage import Coverage, coverage
 from pgq_supervisor.db import workflows
 from pgq_supervisor.ipc import DURATION_BUCKETS, Report
 from pgq_supervisor.jobs import JobState, TypeStats
@@ -196,6 +197,15 @@ class Metrics:
             ["type", "kind", "state"],
             registry=r,
         )
+        self.unserved = Gauge(
+            "pgq_unserved_jobs",
+            "Pending jobs of a type no live supervisor serves (its row refreshed within 3 x"
+            " heartbeat_interval lists the types it serves): a type misspelt at enqueue, or"
+            " one whose supervisors are all gone; such jobs wait forever (0: every type served)",
+            ["type"],
+            registry=r,
+        )
+        self._unserved: set[str] = set()
         self._known_types: set[str] = set()
         self._paused_keys: set[tuple[str, str]] = set()
         self._controlled: set[str] = set()
@@ -267,6 +277,13 @@ class Metrics:
             self.held_back.labels(t, "key_concurrency").set(0)
         self._limited |= {lim.type for lim in limits}
 
+    def update_unserved(self, cover: Coverage) -> None:
+        now = {u.type: u.pending for u in cover.unserved}
+        # a type served again (or drained) reports 0 rather than a stale value
+        for t in now.keys() | self._unserved:
+            self.unserved.labels(t).set(now.get(t, 0))
+        self._unserved |= now.keys()
+
     def record_steps(self, steps: Sequence[tuple[str, str, str, int]]) -> None:
         for type_, kind, state, n in steps:
             self.workflow_steps.labels(type_, kind, state).inc(n)
@@ -288,13 +305,14 @@ class QueueMetricsResult:
 
 class QueueMetrics:
     """The queue gauges (ready, delayed, running, oldest ready age per type; paused types and
-    jobs held back by a pause, a rate or a concurrency limit; the queue's depth), refreshed from
-    the database.
+    jobs held back by a pause, a rate or a concurrency limit; the queue's depth; pending jobs of
+    types no live supervisor serves), refreshed from the database.
     Every supervisor reports the same queue-wide values."""
 
-    def __init__(self, schema: str, metrics: Metrics) -> None:
+    def __init__(self, schema: str, metrics: Metrics, heartbeat_interval: float) -> None:
         self.schema = schema
         self.metrics = metrics
+        self.heartbeat_interval = heartbeat_interval  # a supervisor row's liveness (coverage.py)
 
     def run_once(self, conn: db.Conn) -> QueueMetricsResult:
         """One refresh on an autocommit connection. Raises DatabaseError; the gauges keep
@@ -305,6 +323,12 @@ class QueueMetrics:
             limits = db.type_limits(conn, self.schema)
             depth = db.depth(conn, self.schema)
             paused = workflows.paused(conn, self.schema)
+            supervisors = db.list_supervisors(conn, self.schema)
+        pending: dict[str, int] = {}
+        for x in stats:
+            if x.state is JobState.PENDING:
+                pending[x.type] = pending.get(x.type, 0) + x.count
+        self.metrics.update_unserved(coverage(pending, supervisors, self.heartbeat_interval))
         self.metrics.update_workflows(paused)
         self.metrics.update_queue(stats)
         self.metrics.depth.set(depth)

@@ -21,7 +21,7 @@ PAGE_SIZE = 50
 
 class Pages(Handlers):
     async def overview(self, request: Request) -> Response:
-        data = await self._read(views.overview)
+        data = await self._read(lambda conn, s: views.overview(conn, s, self.stale_after))
         if request.headers.get("x-pgq-live") != "1":  # the banner is outside the live part
             data = {**data, "vacuum_findings": await self._read(vacuum_findings)}
         return await self._page(request, "overview.html", data, live=True)
@@ -57,7 +57,9 @@ class Pages(Handlers):
             window = type_view.window_of(request.query_params.get("window", ""))
         except ValueError as exc:
             return await self._not_found(request, str(exc))
-        data = await self._read(lambda conn, s: type_view.type_page(conn, s, type_, window))
+        data = await self._read(
+            lambda conn, s: type_view.type_page(conn, s, type_, window, self.stale_after)
+        )
         # live over the hour only: the longer windows read up to a week of finished jobs
         return await self._page(request, "type.html", data, live=window.name == "1h")
 

@@ -9,6 +9,7 @@ busy queue being the most (docs/dashboard.md has its cost)."""
 from __future__ import annotations
 
 from pgq_supervisor import db
+from pgq_supervisor.coverage import coverage, is_stale
 from pgq_supervisor.db.rows import TypeControl
 from pgq_supervisor.db.web_rows import Durations, TypeActive
 from pgq_supervisor.web.charts import WINDOWS, Window, bars
@@ -24,7 +25,10 @@ def window_of(name: str) -> Window:
         raise ValueError(f"invalid window: {name[:20]!r} (one of {choices})") from None
 
 
-def type_page(conn: db.Conn, schema: str, type_: str, window: Window) -> Data:
+def type_page(
+    conn: db.Conn, schema: str, type_: str, window: Window, stale_after: float = 15.0
+) -> Data:
+    """`stale_after`: seconds without a refresh after which a supervisor row serves nothing."""
     active: TypeActive = db.type_active(conn, schema, type_)
     control: TypeControl | None = next(
         (c for c in db.type_controls(conn, schema) if c.type == type_), None
@@ -33,8 +37,13 @@ def type_page(conn: db.Conn, schema: str, type_: str, window: Window) -> Data:
     durations: Durations = db.type_durations(conn, schema, type_, window.seconds)
     succeeded = sum(b.succeeded for b in buckets)
     failed = sum(b.failed for b in buckets)
+    supervisors = db.list_supervisors(conn, schema)
+    pending = active.ready + active.delayed + active.waiting
+    cover = coverage({type_: pending}, supervisors, heartbeat_interval=stale_after / 3)
     served_by = [
-        f"{r.host} pid {r.pid}" for r in db.list_supervisors(conn, schema) if type_ in r.types
+        f"{r.host} pid {r.pid}"
+        for r in supervisors
+        if type_ in r.types and not is_stale(r, heartbeat_interval=stale_after / 3)
     ]
     return {
         "type": type_,
@@ -49,4 +58,6 @@ def type_page(conn: db.Conn, schema: str, type_: str, window: Window) -> Data:
         "control": control,
         "schedules": schedule_rows(conn, schema, type_),
         "served_by": served_by,
+        "coverage": cover,
+        "unserved": cover.unserved[0] if cover.unserved else None,
     }

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from pgq_supervisor import db
+from pgq_supervisor.coverage import coverage
 from pgq_supervisor.db import workflows
 from pgq_supervisor.db.rows import ScheduleRecord
 from pgq_supervisor.db.web_rows import RunningJob
@@ -59,7 +60,8 @@ class TypeRow:
     schedules: int = 0
 
 
-def overview(conn: db.Conn, schema: str) -> Data:
+def overview(conn: db.Conn, schema: str, stale_after: float = 15.0) -> Data:
+    """`stale_after`: seconds without a refresh after which a supervisor row serves nothing."""
     types: dict[str, TypeRow] = {}
     for s in db.queue_stats(conn, schema):
         row = types.setdefault(s.type, TypeRow(s.type))
@@ -93,13 +95,18 @@ def overview(conn: db.Conn, schema: str) -> Data:
         schedules[sc.type] = schedules.get(sc.type, 0) + 1
     for t in types.values():
         t.schedules = schedules.get(t.type, 0)
+    supervisors = db.list_supervisors(conn, schema)
+    pending = {t.type: t.ready + t.delayed + t.waiting for t in types.values()}
+    cover = coverage(pending, supervisors, heartbeat_interval=stale_after / 3)
     return {
         "types": sorted(types.values(), key=lambda r: r.type),
         "chart": chart(minutes, db.db_now(conn, schema)),
         "hour_succeeded": succeeded,
         "hour_failed": failed,
         "failure_rate": None if ended == 0 else failed / ended,
-        "supervisors": len(db.list_supervisors(conn, schema)),
+        "supervisors": len(supervisors),
+        "coverage": cover,
+        "unserved": {u.type for u in cover.unserved},
     }
 
 

@@ -210,6 +210,7 @@ def test_status_names_pending_types_no_live_supervisor_serves(dsn: str, conn: Co
         "unserved: gret: 2 pending jobs, no live supervisor serves this type (did you mean greet?)",
         "unserved: zzz: 1 pending job, no live supervisor serves this type",
     ]
+    assert lines[-1] == "served: greet, resize (1 live supervisor)"  # the names to compare
     doc = ok_json(judged(dsn, "status", "--json"))
     assert (doc["live_supervisors"], doc["served"]) == (1, ["greet", "resize"])
     assert doc["unserved"] == [
@@ -569,10 +570,11 @@ def test_show_says_when_no_live_supervisor_serves_a_pending_job(dsn: str, conn: 
     at = lines.index(["state", "pending"])  # said under the state, as `held back` is
     assert lines[at + 1] == [
         "unserved:",
-        "no live supervisor serves type 'gret' (did you mean 'greet'?)",
+        "no live supervisor serves type 'gret' (did you mean 'greet'?);"
+        " served: greet (1 live supervisor)",
     ]
     doc = ok_json(judged(dsn, "show", typo, "--json"))
-    assert doc["unserved"] == {"live_supervisors": 1, "did_you_mean": "greet"}
+    assert doc["unserved"] == {"live_supervisors": 1, "did_you_mean": "greet", "served": ["greet"]}
     served = str(pgq.enqueue(conn, "greet", {}))
     assert "unserved" not in ok(judged(dsn, "show", served))
     assert ok_json(judged(dsn, "show", served, "--json"))["unserved"] is None

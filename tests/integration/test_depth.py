@@ -39,7 +39,7 @@ def cli_depth(dsn: str, *args: str) -> int:
 
 def gauge(conn: Conn) -> float | None:
     metrics = Metrics()
-    QueueMetrics(SCHEMA, metrics).run_once(conn)
+    QueueMetrics(SCHEMA, metrics, 1.0).run_once(conn)
     return metrics.registry.get_sample_value("pgq_queue_depth")
 
 

@@ -13,15 +13,18 @@ import pytest
 from starlette.testclient import TestClient
 
 import pgq_supervisor as pgq
+from pgq_supervisor import db
 from pgq_supervisor.db import Conn
 from pgq_supervisor.supervisor.maintenance.vacuum_health import VacuumHealth
-from pgq_supervisor.supervisor.metrics import Metrics
+from pgq_supervisor.supervisor.metrics import Metrics, QueueMetrics
 from pgq_supervisor.web import create_app
 from tests.support.db import flush_stats
 from tests.support.processes import run_cli
 from tests.support.waiting import wait_for
 
 DEAD = 12_000  # past the floor (10,000) of the dead-tuple finding
+# findings of the server's own: a slot (another test's), autovacuum off (this suite's server)
+SERVER_WIDE = ("replication slot ", "autovacuum is off")
 
 
 def doctor(dsn: str, *args: str) -> tuple[int, str]:
@@ -84,11 +87,13 @@ def test_a_held_snapshot_is_named_with_its_pid_and_the_dead_tuples_it_keeps(
     assert report["table"]["dead_tuples"] == 0
     # what is left is the server's own: a slot (another test's), autovacuum off (this
     # suite's server runs without it); with none of them, exit 0
-    server_wide = ("replication slot ", "autovacuum is off")
-    assert all(f["what"].startswith(server_wide) for f in report["findings"]), report
+    assert all(f["what"].startswith(SERVER_WIDE) for f in report["findings"]), report
     assert code == (1 if report["findings"] else 0)
     if not report["findings"]:
-        assert doctor(dsn)[1].splitlines()[-1] == "ok: nothing holds vacuum back"
+        assert (
+            doctor(dsn)[1].splitlines()[-1]
+            == "ok: nothing holds vacuum back; every pending job type is served"
+        )
 
 
 def test_a_replication_slot_is_named_with_how_to_drop_it(conn: Conn, dsn: str) -> None:
@@ -166,3 +171,63 @@ def test_the_dashboard_overview_shows_the_findings_as_a_banner(conn: Conn, dsn: 
         finally:
             conn.execute("SELECT pg_drop_replication_slot(%s)", (name,))
     app.state.pgq_close()
+
+
+def test_pending_types_no_live_supervisor_serves_are_findings(conn: Conn, dsn: str) -> None:
+    """Issue 36: a misspelt type is named, with the served ones, and needs action (exit 1)."""
+
+    def judged(*args: str) -> tuple[int, str]:
+        # stale only after 3 x 600 s: the row written below stays live however slow the start
+        env = {"PGQ_HEARTBEAT_INTERVAL": "600", "PGQ_DEAD_AFTER": "1800"}
+        result = run_cli(["doctor", *args], dsn, env=env)
+        assert result.returncode in (0, 1), result.stderr
+        return result.returncode, result.stdout
+
+    def ours(findings: list[dict[str, str]]) -> list[str]:
+        return [f["what"] for f in findings if not f["what"].startswith(SERVER_WIDE)]
+
+    pgq.enqueue_many(conn, [pgq.NewJob("gret"), pgq.NewJob("gret"), pgq.NewJob("greet")])
+    code, out = judged()
+    assert code == 1 and "supervisors: none live" in out
+    assert "no live supervisor is registered: 3 pending jobs of types 'greet', 'gret'" in out
+    db.register_supervisor(
+        conn, "pgq", id="a", host="h", pid=1, procs=1, types=["greet", "resize"],
+        started_at=db.db_now(conn, "pgq"), children=[],
+    )  # fmt: skip
+    code, out = judged()
+    assert code == 1 and "supervisors: serving greet, resize (1 live supervisor)" in out
+    assert (
+        "type 'gret': 2 pending jobs that no live supervisor serves (did you mean 'greet'?);"
+        " served: greet, resize (1 live supervisor)"
+    ) in out
+    assert "start a supervisor whose app has a handler for 'gret'" in out
+    code, text = judged("--json")
+    report = json.loads(text)
+    assert report["coverage"]["served"] == ["greet", "resize"]
+    assert report["coverage"]["unserved"] == [
+        {"type": "gret", "pending": 2, "did_you_mean": "greet"}
+    ]
+    assert [w for w in ours(report["findings"]) if "gret" in w] == ours(report["findings"])
+    conn.execute("DELETE FROM pgq.job WHERE type = 'gret'")
+    code, text = judged("--json")
+    report = json.loads(text)
+    assert ours(report["findings"]) == [] and report["coverage"]["unserved"] == []
+
+
+def test_the_unserved_gauge_counts_pending_jobs_no_live_supervisor_serves(conn: Conn) -> None:
+    metrics = Metrics()
+    gauges = QueueMetrics("pgq", metrics, heartbeat_interval=1.0)
+
+    def unserved(type_: str) -> float | None:
+        gauges.run_once(conn)
+        return metrics.registry.get_sample_value("pgq_unserved_jobs", {"type": type_})
+
+    pgq.enqueue_many(conn, [pgq.NewJob("gret") for _ in range(3)] + [pgq.NewJob("greet")])
+    assert (unserved("gret"), unserved("greet")) == (3, 1)  # no supervisor at all
+    db.register_supervisor(
+        conn, "pgq", id="a", host="h", pid=1, procs=1, types=["greet"],
+        started_at=db.db_now(conn, "pgq"), children=[],
+    )  # fmt: skip
+    assert (unserved("gret"), unserved("greet")) == (3, 0)  # served now: 0, not a stale 1
+    conn.execute("UPDATE pgq.supervisor SET seen_at = now() - interval '4 seconds'")
+    assert unserved("greet") == 1  # its row is older than 3 x heartbeat_interval: stale

@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import psycopg
 import pytest
-from psycopg_pool import ConnectionPool
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 import pgq_supervisor as pgq
 from pgq_supervisor import db
@@ -181,6 +181,40 @@ def test_producer_enqueues_through_a_pool(dsn: str, conn: Conn) -> None:
     assert count_rows(conn) == 3
     assert get(conn, job_id).priority == 3
     assert {get(conn, i).type for i in ids} == {"email", "sms"}
+
+
+def test_a_producer_with_a_registry_refuses_a_type_it_does_not_know(dsn: str, conn: Conn) -> None:
+    """Issue 36, opt-in: a misspelt type fails at once instead of waiting forever."""
+    registry = pgq.Registry()
+
+    @registry.handler("greet")
+    def greet(payload: dict[str, str]) -> None:
+        return None
+
+    with ConnectionPool(dsn, min_size=1, max_size=1, open=True) as pool:
+        producer = pgq.Producer(pool, registry=registry)
+        unknown = r"^no handler for job type 'gret' \(did you mean 'greet'\?\)$"
+        with pytest.raises(pgq.InvalidInput, match=unknown):
+            producer.enqueue("gret", {"name": "Ada"})
+        with pytest.raises(pgq.InvalidInput, match=unknown):
+            producer.enqueue_many([pgq.NewJob("greet"), pgq.NewJob("gret")])
+        with pytest.raises(pgq.InvalidInput, match=r"^payload for 'greet' is invalid: name: "):
+            producer.enqueue("greet", {"name": 1})
+        with pytest.raises(pgq.InvalidInput, match=r"^invalid job type "):
+            producer.enqueue("", {})
+        assert count_rows(conn) == 0  # nothing written, not even the batch's known first job
+        job_id = producer.enqueue("greet", {"name": "Ada"})
+        assert get(conn, job_id).type == "greet"
+        # without a registry, as before: any type goes in
+        assert get(conn, pgq.Producer(pool).enqueue("gret")).type == "gret"
+
+    async def refused_async() -> None:
+        async with AsyncConnectionPool(dsn, min_size=1, max_size=1, open=False) as apool:
+            with pytest.raises(pgq.InvalidInput, match=unknown):
+                await pgq.Producer(apool, registry=registry).enqueue_async("gret")
+
+    asyncio.run(refused_async())
+    assert count_rows(conn) == 2
 
 
 def _payloads(listener: Listener) -> list[str]:

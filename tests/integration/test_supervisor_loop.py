@@ -130,7 +130,7 @@ def test_a_failing_service_does_not_keep_the_others_from_running(
     clock = FakeClock()
     services = Services(
         rescuer=Rescuer("no_such_schema", dead_after=30),  # every round fails in PostgreSQL
-        queue_metrics=QueueMetrics("pgq", metrics),
+        queue_metrics=QueueMetrics("pgq", metrics, 1.0),
         pruner=Pruner("pgq", retain_succeeded=60, retain_failed=None),
         activity=ActivitySummary(10, clock.now),
     )

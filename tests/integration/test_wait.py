@@ -161,9 +161,14 @@ def _supervisor(conn: Conn, id_: str, types: list[str], seen_ago: float = 0.0) -
 def test_a_timeout_names_the_pending_types_no_supervisor_serves(dsn: str, conn: Conn) -> None:
     """Issue 36: a misspelt type ("gret") waits forever; the timeout says why."""
     typo, served = pgq.enqueue(conn, "gret"), pgq.enqueue(conn, "greet")
-    _supervisor(conn, "live", ["greet"])
+    with pytest.raises(TimeoutError, match=r"serves type 'gret'; no supervisor is live$"):
+        pgq.wait(conn, typo, timeout=0.05)
+    _supervisor(conn, "live", ["greet", "resize"])
     _supervisor(conn, "gone", ["gret"], seen_ago=3600)  # not seen lately: serves nothing
-    hint = r"; no supervisor seen in the last 60 s serves type 'gret'$"
+    hint = (
+        r"; no supervisor seen in the last 60 s serves type 'gret' \(did you mean 'greet'\?\)"
+        r"; served: 'greet', 'resize'$"
+    )
     with pytest.raises(TimeoutError, match=r"^2 jobs still unfinished after 0\.05 s .*" + hint):
         pgq.wait_many(conn, [typo, served], timeout=0.05)
 

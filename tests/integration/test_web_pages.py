@@ -323,3 +323,45 @@ def test_the_job_page_says_why_a_job_option_holds_a_job_back(
         "ordered (key &#39;account:42&#39;): waits for the earlier jobs of its key"
     )
     assert 'id="held-back"' not in client.get(f"/jobs/{first}").text  # the key's head
+
+
+def test_the_overview_and_a_type_page_name_the_pending_types_no_live_supervisor_serves(
+    client: TestClient, conn: Conn
+) -> None:
+    """Issue 36: a misspelt type is not shown as ordinary pending work."""
+    pgq.enqueue_many(conn, [NewJob("gret"), NewJob("gret"), NewJob("greet")])
+    page = client.get("/").text
+    assert 'aria-label="unserved types"' in page
+    assert "No live supervisor is registered" in page
+    db.register_supervisor(
+        conn, SCHEMA, id="a", host="h", pid=1, procs=1, types=["greet", "resize"],
+        started_at=db.db_now(conn, SCHEMA), children=[],
+    )  # fmt: skip
+    page = client.get("/").text
+    banner = page[
+        page.index('id="unserved"') : page.index("</section>", page.index('id="unserved"'))
+    ]
+    assert '<a href="/types/gret">gret</a>: 2 pending jobs' in banner
+    assert '(did you mean <a href="/types/greet">greet</a>?)' in banner
+    assert "Served: greet, resize (1 live supervisor)." in banner
+    assert "greet</a>: " not in banner  # the served type is not named unserved
+
+    overview: str = page
+
+    def row(type_: str) -> str:
+        start = overview.index(f'<tr data-type="{type_}">')
+        return overview[start : overview.index("</tr>", start)]
+
+    assert ">unserved</span>" in row("gret") and ">unserved</span>" not in row("greet")
+    typo = client.get("/types/gret").text
+    said = typo[
+        typo.index('id="type-unserved"') : typo.index("</p>", typo.index('id="type-unserved"'))
+    ]
+    assert "2 pending jobs, and no live supervisor serves this type" in said
+    assert 'did you mean <a href="/types/greet">greet</a>?' in said
+    assert "served: greet, resize (1 live supervisor)" in said
+    assert 'id="type-unserved"' not in client.get("/types/greet").text
+    # its row goes stale (past 3 x the heartbeat): it serves nothing
+    conn.execute("UPDATE pgq.supervisor SET seen_at = now() - interval '1 hour'")
+    assert "No live supervisor is registered" in client.get("/").text
+    assert "no live supervisor is registered" in client.get("/types/greet").text

@@ -79,10 +79,10 @@ def test_a_job_that_is_no_workflow_shows_no_steps(dsn: str, conn: Conn, client: 
 
 def test_the_metrics_count_the_paused_workflows(conn: Conn, waiting: pgq.JobId) -> None:
     metrics = Metrics()
-    QueueMetrics("pgq", metrics).run_once(conn)
+    QueueMetrics("pgq", metrics, 1.0).run_once(conn)
     gauge = metrics.registry.get_sample_value
     assert gauge("pgq_workflows_paused", {"type": "onboard", "reason": "waiting"}) == 1
     pgq.signal(conn, waiting, "approved", True)
     testing.drain(conn, _registry())
-    QueueMetrics("pgq", metrics).run_once(conn)
+    QueueMetrics("pgq", metrics, 1.0).run_once(conn)
     assert gauge("pgq_workflows_paused", {"type": "onboard", "reason": "waiting"}) == 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import uuid
+from collections.abc import Callable
 
 import pytest
 
@@ -78,7 +79,8 @@ def test_a_bad_duration_is_refused(bad: object) -> None:
 def test_a_workflow_must_take_ctx_and_payload() -> None:
     registry = pgq.Registry()
     with pytest.raises(ConfigError, match=r"workflow 'flow' must take \(ctx, payload\)"):
-        registry.workflow("flow")(lambda payload: None)
+        one_parameter: Callable[..., None] = lambda payload: None  # noqa: E731 (mypy rejects it)
+        registry.workflow("flow")(one_parameter)
     registry.workflow("flow")(lambda ctx, payload: None)
     handler = registry.handlers["flow"]
     assert handler.workflow and handler.wants_conn and not handler.wants_job

@@ -267,7 +267,7 @@ class Services:
                 settings.db_schema, settings.dead_after, quiet=1.5 * settings.heartbeat_interval
             ),
             queue_metrics=(
-                QueueMetrics(settings.db_schema, metrics)
+                QueueMetrics(settings.db_schema, metrics, settings.heartbeat_interval)
                 if settings.metrics_port is not None
                 else None
             ),
