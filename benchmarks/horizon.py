@@ -9,14 +9,19 @@ other on a fresh table:
   transaction for the whole run (a report, a forgotten session): vacuum can remove no row
   version made after its snapshot;
 - held+scan: the same, and a reader scanning the job table in a loop (a dashboard, an
-  analytics query), each scan its own statement.
+  analytics query), each scan its own statement;
+- control: the held snapshot and a reader of the same kind scanning an unrelated table as
+  large as the job table is at the end of the clean run (issue 35): what a reader costs the
+  queue through the machine alone (CPU, buffers), so that scan / control is the part our
+  tables' dead versions add.
 
 Each variant's figures: the jobs run a second over the run, the largest backlog (pending jobs,
 sampled every second), the claim's p99 (a probe times `claim_pick` of one job in a rolled-back
 transaction every 100 ms: the walk a child's claim makes), the wake p99 (a job's start minus its
-creation, both by the database clock, over every job), and the job table with its indexes and
-TOAST after the run (the held transaction still open). The ratios held / clean are the issue's
-targets: claim and wake p99 <= 2x, table + indexes <= 2x, throughput held.
+creation, both by the database clock, over every job), the job table with its indexes and
+TOAST after the run (the held transaction still open), and the schema's size (every relation
+in it). Issue 35's targets: the schema's size held / clean <= 1.3, claim and wake p99 held /
+clean <= 1.5, and with the reader on our tables p99 <= 1.2x the control's.
 
 The server must run autovacuum (PostgreSQL's default): without it the clean run keeps every row
 version as well, and the comparison says nothing. The group refuses a server that has it off.
@@ -30,6 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import psycopg
+from psycopg import sql
 
 import pgq_supervisor as pgq
 from benchmarks.apps import NOOP
@@ -43,7 +49,9 @@ HORIZON_RATE = 1500  # jobs a second
 BATCH = 30  # jobs per enqueue transaction: 50 transactions a second
 PROCS = 2
 PROBE_EVERY = 0.1
-VARIANTS = ("clean", "held", "scan")
+VARIANTS = ("clean", "held", "scan", "control")
+JOB_TABLE = sql.Identifier(SCHEMA, "job")
+CONTROL_TABLE = sql.Identifier("public", "horizon_control")
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +65,7 @@ class Weather:
     wake_p50_ms: float
     wake_p99_ms: float
     table_bytes: int
+    schema_bytes: int
     dead_tuples: int
     scans: int
 
@@ -77,6 +86,7 @@ class Weather:
             "wake_p50_ms": round(self.wake_p50_ms, 3),
             "wake_p99_ms": round(self.wake_p99_ms, 3),
             "table_bytes": self.table_bytes,
+            "schema_bytes": self.schema_bytes,
             "dead_tuples": self.dead_tuples,
             "scans": self.scans,
         }
@@ -116,17 +126,47 @@ def _probe(dsn: str, stop: threading.Event, claim_ms: list[float], backlog: list
             stop.wait(max(0.0, next_at - time.monotonic()))
 
 
-def _scan(dsn: str, stop: threading.Event, scans: list[int]) -> None:
-    """The job table read whole, one statement after the other, until `stop`."""
+SCAN = sql.SQL("SELECT state, count(*), max(updated_at) FROM {} GROUP BY state")
+
+
+def _scan(dsn: str, table: sql.Identifier, stop: threading.Event, scans: list[int]) -> None:
+    """`table` read whole, one statement after the other, until `stop`."""
+    query = SCAN.format(table)
     with psycopg.connect(dsn, autocommit=True) as conn:
         while not stop.is_set():
-            conn.execute("SELECT state, count(*), max(updated_at) FROM pgq.job GROUP BY state")
+            conn.execute(query)
             scans[0] += 1
 
 
+def make_control(dsn: str, rows: int) -> None:
+    """CONTROL_TABLE: `rows` finished jobs' rows of the job table's shape, apart from the
+    queue (no trigger, no index a claim walks), vacuumed and frozen: the control reader's."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(CONTROL_TABLE))
+        conn.execute(
+            sql.SQL("CREATE TABLE {} (LIKE {} INCLUDING DEFAULTS)").format(CONTROL_TABLE, JOB_TABLE)
+        )
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO {} (id, type, payload, state, started_at, stopped_at,"
+                " max_retry_count)"
+                " SELECT gen_random_uuid(), %s, '{{}}', 'succeeded', now(), now(), 3"
+                " FROM generate_series(1, %s)"
+            ).format(CONTROL_TABLE),
+            (NOOP, rows),
+        )
+        conn.execute(sql.SQL("VACUUM (FREEZE, ANALYZE) {}").format(CONTROL_TABLE))
+
+
 def run_weather(
-    dsn: str, variant: str, seconds: float, supervisor_args: Sequence[str] = ()
+    dsn: str,
+    variant: str,
+    seconds: float,
+    supervisor_args: Sequence[str] = (),
+    control_rows: int = 0,
 ) -> Weather:
+    """One variant's run; `control_rows` sizes the control's table (default: the flow's
+    jobs, the size the clean run's table reaches)."""
     if variant not in VARIANTS:
         raise BenchError(f"unknown horizon variant {variant!r}")
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -136,6 +176,8 @@ def run_weather(
             "autovacuum is off on this server: the clean run would keep every row version too;"
             " give --dsn of a server with autovacuum on"
         )
+    if variant == "control":
+        make_control(dsn, control_rows or round(HORIZON_RATE * seconds))
     reset(dsn)
     settle(dsn, ["pgq.job"])
     stop = threading.Event()
@@ -154,8 +196,9 @@ def run_weather(
                 threading.Thread(target=_produce, args=(dsn, stop, counted)),
                 threading.Thread(target=_probe, args=(dsn, stop, claim_ms, backlog)),
             ]
-            if variant == "scan":
-                threads.append(threading.Thread(target=_scan, args=(dsn, stop, scans)))
+            if variant in ("scan", "control"):
+                table = JOB_TABLE if variant == "scan" else CONTROL_TABLE
+                threads.append(threading.Thread(target=_scan, args=(dsn, table, stop, scans)))
             began = time.monotonic()
             for t in threads:
                 t.start()
@@ -186,6 +229,8 @@ def run_weather(
                     " 1000 * extract(epoch FROM percentile_cont(0.99)"
                     "   WITHIN GROUP (ORDER BY started_at - created_at))::float8,"
                     " pg_total_relation_size('pgq.job'),"
+                    " (SELECT sum(pg_total_relation_size(c.oid))::bigint FROM pg_class c"
+                    "  WHERE c.relnamespace = 'pgq'::regnamespace AND c.relkind IN ('r', 'm')),"
                     " (SELECT n_dead_tup FROM pg_stat_user_tables"
                     "  WHERE relid = 'pgq.job'::regclass)"
                     " FROM pgq.job"
@@ -195,6 +240,9 @@ def run_weather(
                 raise BenchError(f"supervisor exited {code} on SIGTERM: {sup.log_tail(3)}")
     finally:
         holder.close()
+        if variant == "control":
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(CONTROL_TABLE))
     if row is None or row[0] != counted[0]:
         raise BenchError(f"{counted[0]} jobs enqueued, {None if row is None else row[0]} ran")
     return Weather(
@@ -207,6 +255,7 @@ def run_weather(
         wake_p50_ms=float(row[2]),
         wake_p99_ms=float(row[3]),
         table_bytes=int(row[4]),
-        dead_tuples=int(row[5] or 0),
+        schema_bytes=int(row[5]),
+        dead_tuples=int(row[6] or 0),
         scans=scans[0],
     )

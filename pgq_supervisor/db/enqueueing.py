@@ -65,7 +65,7 @@ def _unknown_dependency() -> Iterator[None]:
     except psycopg.Error as exc:
         if exc.sqlstate != _UNKNOWN_DEPENDENCY:
             raise
-        raise InvalidInput(exc.diag.message_primary or str(exc)) from exc
+        raise InvalidInput(f"depends_on: {exc.diag.message_primary or exc}") from exc
 
 
 def _link_params(

@@ -536,6 +536,13 @@ FUNCTIONS |= {
     "job_unique_release",
     "job_unique_take",
     "job_unique_truncated",
+    "sql_contract_version",  # schema/0028: the SQL producer contract
+    "enqueue_refuse",
+    "enqueue_int",
+    "enqueue_text",
+    "enqueue_checked",
+    "enqueue_many",
+    "enqueue",
 }
 TRIGGERS["job_notify_due"] = (  # schema/0026: delayed jobs announced when written
     "CREATE TRIGGER job_notify_due AFTER UPDATE ON {s}.job REFERENCING NEW TABLE AS due_new_rows"
