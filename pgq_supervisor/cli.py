@@ -7,6 +7,7 @@ error is one line on stderr.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import json
 import logging
@@ -29,7 +30,9 @@ from pgq_supervisor.errors import (
     PgqError,
     install_hint,
 )
+from pgq_supervisor.inputs import SURROGATE_RE
 from pgq_supervisor.jobs import NewJob
+from pgq_supervisor.jsontext import MAX_PAYLOAD_ENV
 from pgq_supervisor.logs import setup_logging
 from pgq_supervisor.redaction import hide_password, redact
 from pgq_supervisor.registry import Registry, load_registry
@@ -68,6 +71,7 @@ RUN_FLAGS = {
     "--retain-succeeded": "retain_succeeded",
     "--retain-failed": "retain_failed",
     "--summary-interval": "summary_interval",
+    "--max-payload-bytes": "max_payload_bytes",
 }
 
 
@@ -115,6 +119,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--tenant", help="the job's tenant: the type's claims go round-robin across tenants"
     )
     enq.add_argument("--max-retry-count", type=int, help="retries after the first attempt")
+    enq.add_argument(
+        "--max-payload-bytes",
+        metavar="MAX_PAYLOAD_BYTES",
+        help=Settings.model_fields["max_payload_bytes"].description,
+    )
     enq.set_defaults(handler=cmd_enqueue)
 
     emb = sub.add_parser(
@@ -153,10 +162,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if bad := _not_utf8(args_list):
+        return _fail(ExitCode.USAGE, bad, ())
     # Before anything can touch os.environ (the app's imports included): setproctitle needs
     # the process's original argv/environ block, which a changed variable moves out of.
-    getproctitle()
-    args_list = list(sys.argv[1:] if argv is None else argv)
+    with contextlib.suppress(UnicodeDecodeError):  # a non-UTF-8 byte in the environment
+        getproctitle()
     if not args_list or (args_list[0] not in COMMANDS and args_list[0] not in ("-h", "--help")):
         if args_list and not args_list[0].startswith("-"):
             # `run` (the default) takes no positional argument: a word here is a command
@@ -168,7 +180,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         k: v
         for k, v in vars(args).items()
         if k in Settings.model_fields or k == "db_schema"
-        if args.command == "run" or k in ("dsn", "db_schema", "log_level", "log_format")
+        if args.command == "run"
+        or k in ("dsn", "db_schema", "log_level", "log_format", "max_payload_bytes")
     }
     # every DSN the command may have been given, whose password no error line may show
     dsns = [flags.get("dsn"), flags.get("listen_dsn")]
@@ -176,6 +189,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = load_settings(**flags)
         dsns += [settings.dsn, settings.listen_dsn]
+        # the library (and every child of `run`) reads the cap from the environment
+        os.environ[MAX_PAYLOAD_ENV] = str(settings.max_payload_bytes)
         setup_logging(settings.log_level, settings.log_format)
         handler: Handler = args.handler
         return handler(args, settings)
@@ -189,6 +204,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(ExitCode.FAILURE, str(exc), dsns)
     except KeyboardInterrupt:
         return ExitCode.INTERRUPTED
+
+
+def _not_utf8(args: Sequence[str]) -> str | None:
+    """What is wrong with the first argument that is not UTF-8 (Python keeps its bytes as
+    lone surrogates, which nothing downstream could encode), or None."""
+    for i, arg in enumerate(args, 1):
+        if SURROGATE_RE.search(arg):
+            shown = arg.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+            return f"argument {i} is not valid UTF-8: {shown[:60]}"
+    return None
 
 
 def _unknown_command(word: str) -> str:
@@ -292,6 +317,10 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
         payload = json.loads(args.payload)
     except json.JSONDecodeError as exc:
         raise InvalidInput(f"payload is not valid JSON: {exc.msg} at column {exc.colno}") from None
+    except ValueError:  # an integer longer than Python converts (sys.get_int_max_str_digits)
+        raise InvalidInput(
+            f"payload has an integer of more than {sys.get_int_max_str_digits()} digits"
+        ) from None
     except RecursionError:
         raise InvalidInput("payload is nested too deeply to decode as JSON") from None
     if not isinstance(payload, dict):

@@ -80,6 +80,8 @@ from pgq_supervisor.db.dashboard import (
     type_throughput,
 )
 from pgq_supervisor.db.enqueueing import (
+    check_bundle,
+    check_jobs,
     enqueue_many_params,
     enqueue_params,
     insert_bundle,
@@ -171,6 +173,8 @@ __all__ = [
     "durable_commit",
     "durable_commit_async",
     "end_attempt",
+    "check_bundle",
+    "check_jobs",
     "enqueue",
     "enqueue_async",
     "enqueue_many",
