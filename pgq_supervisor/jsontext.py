@@ -12,7 +12,7 @@ import re
 
 from pgq_supervisor.errors import ConfigError, InvalidInput
 
-# The payload cap (docs/job-options.md#payload-size): the most bytes of JSON text a payload,
+# The payload cap (docs/guide.md#payload-size): the most bytes of JSON text a payload,
 # a schedule's payload or a handler's result may have, as dump_json writes it (compact ASCII,
 # so its length is its size). The library reads the variable at each call, as PGQ_SCHEMA;
 # the command line sets it from its settings (flag, environment, .env) for itself and its

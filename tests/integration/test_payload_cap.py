@@ -1,4 +1,4 @@
-"""The payload cap (issue 38 item 5; docs/job-options.md#payload-size): a payload over
+"""The payload cap (issue 38 item 5; docs/guide.md#payload-size): a payload over
 PGQ_MAX_PAYLOAD_BYTES (1 MiB of JSON text unset) is an InvalidInput naming it and both sizes,
 from every public enqueue call, raised before the first statement: the caller's transaction
 goes on and nothing is written. A handler's result over the cap fails its job."""
