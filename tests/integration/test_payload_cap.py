@@ -6,6 +6,7 @@ goes on and nothing is written. A handler's result over the cap fails its job.""
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Callable
 from datetime import timedelta
 
@@ -75,6 +76,11 @@ CALLS: list[tuple[str, Call, str]] = [
         "bundle",
         lambda c: pgq.enqueue_bundle(c, "b", [NewJob("t", {}), NewJob("t", OVER)]),
         "payload of jobs[1] is 1001 bytes",
+    ),
+    (
+        "signal",
+        lambda c: pgq.signal(c, pgq.JobId(uuid.uuid4()), "go", OVER),
+        "signal payload is 1001 bytes",
     ),
 ]
 
