@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import difflib
-import json
 import logging
 import os
 import sys
@@ -30,9 +29,9 @@ from pgq_supervisor.errors import (
     PgqError,
     install_hint,
 )
-from pgq_supervisor.inputs import SURROGATE_RE
+from pgq_supervisor.inputs import not_utf8
 from pgq_supervisor.jobs import NewJob
-from pgq_supervisor.jsontext import MAX_PAYLOAD_ENV
+from pgq_supervisor.jsontext import MAX_PAYLOAD_ENV, load_json_object
 from pgq_supervisor.logs import setup_logging
 from pgq_supervisor.redaction import hide_password, redact
 from pgq_supervisor.registry import Registry, load_registry
@@ -119,11 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--tenant", help="the job's tenant: the type's claims go round-robin across tenants"
     )
     enq.add_argument("--max-retry-count", type=int, help="retries after the first attempt")
-    enq.add_argument(
-        "--max-payload-bytes",
-        metavar="MAX_PAYLOAD_BYTES",
-        help=Settings.model_fields["max_payload_bytes"].description,
-    )
+    cap = Settings.model_fields["max_payload_bytes"].description
+    enq.add_argument("--max-payload-bytes", metavar="MAX_PAYLOAD_BYTES", help=cap)
     enq.set_defaults(handler=cmd_enqueue)
 
     emb = sub.add_parser(
@@ -163,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
-    if bad := _not_utf8(args_list):
+    if bad := not_utf8(args_list):
         return _fail(ExitCode.USAGE, bad, ())
     # Before anything can touch os.environ (the app's imports included): setproctitle needs
     # the process's original argv/environ block, which a changed variable moves out of.
@@ -204,16 +200,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(ExitCode.FAILURE, str(exc), dsns)
     except KeyboardInterrupt:
         return ExitCode.INTERRUPTED
-
-
-def _not_utf8(args: Sequence[str]) -> str | None:
-    """What is wrong with the first argument that is not UTF-8 (Python keeps its bytes as
-    lone surrogates, which nothing downstream could encode), or None."""
-    for i, arg in enumerate(args, 1):
-        if SURROGATE_RE.search(arg):
-            shown = arg.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-            return f"argument {i} is not valid UTF-8: {shown[:60]}"
-    return None
 
 
 def _unknown_command(word: str) -> str:
@@ -313,18 +299,7 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
-    try:
-        payload = json.loads(args.payload)
-    except json.JSONDecodeError as exc:
-        raise InvalidInput(f"payload is not valid JSON: {exc.msg} at column {exc.colno}") from None
-    except ValueError:  # an integer longer than Python converts (sys.get_int_max_str_digits)
-        raise InvalidInput(
-            f"payload has an integer of more than {sys.get_int_max_str_digits()} digits"
-        ) from None
-    except RecursionError:
-        raise InvalidInput("payload is nested too deeply to decode as JSON") from None
-    if not isinstance(payload, dict):
-        raise InvalidInput(f"payload must be a JSON object, got {type(payload).__name__}")
+    payload = load_json_object(args.payload, "payload")
     delay = parse_duration(args.start_in) if args.start_in else None
     _, conn = open_db(settings)
     with conn:

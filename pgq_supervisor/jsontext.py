@@ -9,8 +9,10 @@ import functools
 import json
 import os
 import re
+import sys
 
 from pgq_supervisor.errors import ConfigError, InvalidInput
+from pgq_supervisor.jobs import JsonValue
 
 # The payload cap (docs/guide.md#payload-size): the most bytes of JSON text a payload,
 # a schedule's payload or a handler's result may have, as dump_json writes it (compact ASCII,
@@ -48,6 +50,23 @@ def dump_json(value: object, what: str = "payload") -> str:
     if "\\ud" in text and (lone := _lone_surrogate(text)):
         raise InvalidInput(f"{what} contains a lone surrogate ({lone}), which jsonb cannot store")
     return text
+
+
+def load_json_object(text: str, what: str) -> dict[str, JsonValue]:
+    """`text` (the CLI's argument) decoded, if it is a JSON object; InvalidInput naming
+    `what` otherwise (not JSON, nested too deeply, an integer Python will not convert)."""
+    try:
+        value: JsonValue = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidInput(f"{what} is not valid JSON: {exc.msg} at column {exc.colno}") from None
+    except ValueError:  # an integer longer than Python converts (sys.get_int_max_str_digits)
+        digits = sys.get_int_max_str_digits()
+        raise InvalidInput(f"{what} has an integer of more than {digits} digits") from None
+    except RecursionError:
+        raise InvalidInput(f"{what} is nested too deeply to decode as JSON") from None
+    if not isinstance(value, dict):
+        raise InvalidInput(f"{what} must be a JSON object, got {type(value).__name__}")
+    return value
 
 
 def max_payload_bytes() -> int:
