@@ -7,8 +7,8 @@ error is one line on stderr.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
-import json
 import logging
 import os
 import sys
@@ -30,7 +30,9 @@ from pgq_supervisor.errors import (
     PgqError,
     install_hint,
 )
+from pgq_supervisor.inputs import not_utf8
 from pgq_supervisor.jobs import NewJob
+from pgq_supervisor.jsontext import MAX_PAYLOAD_ENV, load_json_object
 from pgq_supervisor.logs import setup_logging
 from pgq_supervisor.redaction import hide_password
 from pgq_supervisor.registry import Registry, load_registry
@@ -69,6 +71,7 @@ RUN_FLAGS = {
     "--retain-succeeded": "retain_succeeded",
     "--retain-failed": "retain_failed",
     "--summary-interval": "summary_interval",
+    "--max-payload-bytes": "max_payload_bytes",
 }
 
 
@@ -126,6 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     enq.add_argument(
         "--max-retry-count", type=int, help="retries after the first attempt; unset = the handler's"
     )
+    cap = Settings.model_fields["max_payload_bytes"].description
+    enq.add_argument("--max-payload-bytes", metavar="MAX_PAYLOAD_BYTES", help=cap)
     enq.set_defaults(handler=cmd_enqueue)
 
     emb = sub.add_parser(
@@ -167,10 +172,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if bad := not_utf8(args_list):
+        return _fail(ExitCode.USAGE, bad, ())
     # Before anything can touch os.environ (the app's imports included): setproctitle needs
     # the process's original argv/environ block, which a changed variable moves out of.
-    getproctitle()
-    args_list = list(sys.argv[1:] if argv is None else argv)
+    with contextlib.suppress(UnicodeDecodeError):  # a non-UTF-8 byte in the environment
+        getproctitle()
     if not args_list or (args_list[0] not in COMMANDS and args_list[0] not in ("-h", "--help")):
         if args_list and not args_list[0].startswith("-"):
             # `run` (the default) takes no positional argument: a word here is a command
@@ -182,7 +190,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         k: v
         for k, v in vars(args).items()
         if k in Settings.model_fields or k == "db_schema"
-        if args.command == "run" or k in ("dsn", "db_schema", "log_level", "log_format")
+        if args.command == "run"
+        or k in ("dsn", "db_schema", "log_level", "log_format", "max_payload_bytes")
     }
     # every DSN the command may have been given, whose password no error line may show
     dsns = [flags.get("dsn"), flags.get("listen_dsn")]
@@ -190,6 +199,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = load_settings(**flags)
         dsns += [settings.dsn, settings.listen_dsn]
+        # the library (and every child of `run`) reads the cap from the environment
+        os.environ[MAX_PAYLOAD_ENV] = str(settings.max_payload_bytes)
         setup_logging(settings.log_level, settings.log_format)
         handler: Handler = args.handler
         return handler(args, settings)
@@ -303,14 +314,7 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
-    try:
-        payload = json.loads(args.payload)
-    except json.JSONDecodeError as exc:
-        raise InvalidInput(f"payload is not valid JSON: {exc.msg} at column {exc.colno}") from None
-    except RecursionError:
-        raise InvalidInput("payload is nested too deeply to decode as JSON") from None
-    if not isinstance(payload, dict):
-        raise InvalidInput(f"payload must be a JSON object, got {type(payload).__name__}")
+    payload = load_json_object(args.payload, "payload")
     delay = parse_duration(args.start_in) if args.start_in else None
     _, conn = open_db(settings)
     with conn:

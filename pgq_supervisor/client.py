@@ -212,6 +212,7 @@ def enqueue_bundle(
         raise InvalidInput("a bundle needs at least one job")
     if any(j.unique_key is not None for j in jobs):
         raise InvalidInput("bundle jobs cannot have a unique_key (the bundle would miscount)")
+    db.check_bundle(type, origin, on_complete)
     c = as_psycopg(conn)
     s = _schema(schema)
     with db.atomic(c):

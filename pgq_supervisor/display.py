@@ -41,6 +41,40 @@ def progress_cell(value: JsonValue) -> str:
     return text if len(text) <= PROGRESS_WIDTH else text[: PROGRESS_WIDTH - 3] + "..."
 
 
+# The most characters of a payload or a result `show` prints and the job page shows; the rest
+# is cut (with its size, and `show --full` or the page's link for the whole). The payload cap
+# (PGQ_MAX_PAYLOAD_BYTES, 1 MiB) is 16 times this.
+SHOWN_CHARS = 64 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Shown:
+    """A payload's or a result's JSON text as shown: all of it, or its first SHOWN_CHARS
+    characters and the whole's size in bytes (UTF-8)."""
+
+    text: str
+    size: int
+    cut: bool
+
+    def note(self) -> str:
+        """What a cut value says after its start."""
+        return f"cut at {len(self.text)} characters: {self.size} bytes of JSON in all"
+
+
+def shown(text: str, size: int | None = None, limit: int = SHOWN_CHARS) -> Shown:
+    """`text` as shown: its first `limit` characters. `size`: the whole's bytes when `text`
+    is only its start (the whole's own size otherwise)."""
+    head = text[:limit]
+    if size is None:
+        size = _utf8_bytes(text)
+        return Shown(head, size, len(head) < len(text))
+    return Shown(head, size, _utf8_bytes(head) < size)
+
+
+def _utf8_bytes(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
 def children_of(record: SupervisorRecord) -> list[dict[str, JsonValue]]:
     """Its children as stored, each a JSON object (anything else is skipped)."""
     listed = record.children if isinstance(record.children, list) else []

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from datetime import datetime
 
 from pgq_supervisor.errors import InvalidInput
@@ -74,6 +75,16 @@ def check_moment(value: object, what: str) -> datetime:
     if value.tzinfo is None or value.utcoffset() is None:
         raise InvalidInput(f"{what} must be timezone-aware")
     return value
+
+
+def not_utf8(args: Sequence[str]) -> str | None:
+    """What is wrong with the first command-line argument that is not UTF-8 (Python keeps its
+    bytes as lone surrogates, which nothing downstream could encode), or None."""
+    for i, arg in enumerate(args, 1):
+        if SURROGATE_RE.search(arg):
+            shown = arg.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+            return f"argument {i} is not valid UTF-8: {shown[:60]}"
+    return None
 
 
 def check_new_job(job: NewJob) -> None:

@@ -5,10 +5,25 @@ No database here: the db layer and the declarations that hold payloads (periodic
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 import re
+import sys
 
-from pgq_supervisor.errors import InvalidInput
+from pgq_supervisor.errors import ConfigError, InvalidInput
+from pgq_supervisor.jobs import JsonValue
+
+# The payload cap (docs/guide.md#payload-size): the most bytes of JSON text a payload,
+# a schedule's payload or a handler's result may have, as dump_json writes it (compact ASCII,
+# so its length is its size). The library reads the variable at each call, as PGQ_SCHEMA;
+# the command line sets it from its settings (flag, environment, .env) for itself and its
+# children.
+MAX_PAYLOAD_ENV = "PGQ_MAX_PAYLOAD_BYTES"
+DEFAULT_MAX_PAYLOAD_BYTES = 1 << 20  # 1 MiB
+# the highest cap that may be set: jsonb refuses a value over 255 MiB, and a statement over
+# 1 GiB is refused whole, aborting the caller's transaction
+MAX_PAYLOAD_CAP = 128 << 20
 
 # A \u0000 escape not itself escaped (an even run of backslashes before it): jsonb rejects it.
 _JSON_NUL_RE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
@@ -35,6 +50,63 @@ def dump_json(value: object, what: str = "payload") -> str:
     if "\\ud" in text and (lone := _lone_surrogate(text)):
         raise InvalidInput(f"{what} contains a lone surrogate ({lone}), which jsonb cannot store")
     return text
+
+
+def load_json_object(text: str, what: str) -> dict[str, JsonValue]:
+    """`text` (the CLI's argument) decoded, if it is a JSON object; InvalidInput naming
+    `what` otherwise (not JSON, nested too deeply, an integer Python will not convert)."""
+    try:
+        value: JsonValue = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidInput(f"{what} is not valid JSON: {exc.msg} at column {exc.colno}") from None
+    except ValueError:  # an integer longer than Python converts (sys.get_int_max_str_digits)
+        digits = sys.get_int_max_str_digits()
+        raise InvalidInput(f"{what} has an integer of more than {digits} digits") from None
+    except RecursionError:
+        raise InvalidInput(f"{what} is nested too deeply to decode as JSON") from None
+    if not isinstance(value, dict):
+        raise InvalidInput(f"{what} must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+def max_payload_bytes() -> int:
+    """The payload cap: $PGQ_MAX_PAYLOAD_BYTES, or 1 MiB unset. ConfigError naming the
+    variable unless it is a whole number of bytes from 1 to 128 MiB."""
+    raw = os.environ.get(MAX_PAYLOAD_ENV)
+    if raw is None or not raw.strip():
+        return DEFAULT_MAX_PAYLOAD_BYTES
+    return _parse_cap(raw)
+
+
+@functools.lru_cache(maxsize=8)
+def _parse_cap(raw: str) -> int:
+    try:
+        cap = int(raw.strip())
+    except ValueError:
+        cap = 0
+    if not 1 <= cap <= MAX_PAYLOAD_CAP:
+        raise ConfigError(
+            f"invalid setting {MAX_PAYLOAD_ENV}: must be a whole number of bytes from 1 to"
+            f" {MAX_PAYLOAD_CAP}, got {raw[:40]!r}"
+        )
+    return cap
+
+
+def check_size(text: str, what: str = "payload", cap: int | None = None) -> str:
+    """`text` (dump_json's) if it is within the payload cap (`cap`, or max_payload_bytes());
+    InvalidInput naming `what` and both sizes otherwise."""
+    limit = max_payload_bytes() if cap is None else cap
+    if len(text) > limit:  # ASCII: one byte a character
+        raise InvalidInput(
+            f"{what} is {len(text)} bytes of JSON, over the {limit}-byte cap ({MAX_PAYLOAD_ENV})"
+        )
+    return text
+
+
+def dump_payload(value: object, what: str = "payload", cap: int | None = None) -> str:
+    """dump_json, then the payload cap: what every enqueue and every handler result goes
+    through before a statement."""
+    return check_size(dump_json(value, what), what, cap)
 
 
 def _lone_surrogate(text: str) -> str | None:

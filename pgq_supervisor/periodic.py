@@ -29,7 +29,7 @@ from cronsim import CronSim, CronSimError
 
 from pgq_supervisor.errors import ConfigError, InvalidInput
 from pgq_supervisor.jobs import JsonValue
-from pgq_supervisor.jsontext import dump_json
+from pgq_supervisor.jsontext import dump_payload
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICRO = timedelta(microseconds=1)
@@ -92,7 +92,8 @@ class Schedule:
         if not -(2**31) <= priority < 2**31:
             raise bad(f"priority must fit in 32 bits, got {priority}")
         try:
-            dump_json(payload)  # what jsonb would refuse makes every enqueue of it fail
+            # what jsonb would refuse, or over the payload cap, makes every enqueue of it fail
+            dump_payload(payload)
         except InvalidInput as exc:
             raise bad(str(exc)) from None
         return cls(name, type, cron, every, timezone, payload, priority, catch_up, zone)

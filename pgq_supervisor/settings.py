@@ -22,6 +22,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from pgq_supervisor.errors import ConfigError, InvalidInput
 from pgq_supervisor.jobs import MAX_DURATION, check_duration
+from pgq_supervisor.jsontext import DEFAULT_MAX_PAYLOAD_BYTES, MAX_PAYLOAD_CAP
 from pgq_supervisor.redaction import hide_password
 
 # what a retention setting takes to keep that kind of job forever
@@ -171,6 +172,12 @@ class Settings(BaseSettings):
         gt=0,
         le=MAX_DURATION,
         description="seconds between INFO summaries of the jobs that ended",
+    )
+    max_payload_bytes: int = Field(
+        DEFAULT_MAX_PAYLOAD_BYTES,
+        ge=1,
+        le=MAX_PAYLOAD_CAP,
+        description="most bytes of JSON text in a payload or a handler's result (1 MiB)",
     )
     dashboard_user: str | None = Field(
         None, description="the dashboard command's HTTP Basic user (with dashboard_password)"

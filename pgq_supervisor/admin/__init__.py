@@ -81,6 +81,11 @@ def add_commands(sub: argparse._SubParsersAction[Parser], common: Parser) -> Non
 
     p = sub.add_parser("show", parents=parents, help="one job in full, with its attempt history")
     p.add_argument("id", type=_job_id, help="the job's id")
+    p.add_argument(
+        "--full",
+        action="store_true",
+        help="print a payload, result or error_data over 64 KiB whole (else cut, with its size)",
+    )
     p.set_defaults(handler=cmd_show)
 
     p = sub.add_parser("retry", parents=parents, help="put a finished job (or all failed) back")

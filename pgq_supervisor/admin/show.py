@@ -21,9 +21,13 @@ from pgq_supervisor.display import (
     progress_cell,
     step_line,
 )
+from pgq_supervisor.display import shown as clipped
 from pgq_supervisor.jobs import JobId, JobRecord, JobState, JsonValue
 from pgq_supervisor.settings import Settings
 from pgq_supervisor.steps import StepView
+
+# what `show` cuts at display.SHOWN_CHARS unless --full (--json prints everything whole)
+CUT = ("payload", "result", "error_data")
 
 
 def _plain(value: object) -> JsonValue:
@@ -44,6 +48,7 @@ def _text(
     held: NotStarted | None = None,
     steps: list[StepView] | None = None,
     unserved: str | None = None,
+    full: bool = False,
 ) -> str:
     doc = record_json(record)
     lines = []
@@ -65,6 +70,8 @@ def _text(
         shown = value if isinstance(value, str) else json.dumps(value)
         if key == "progress":
             shown = f"{progress_cell(record.progress)}  {json.dumps(value)}"
+        if key in CUT and not full and (cut := clipped(shown)).cut:
+            shown = f"{cut.text}\n{''.ljust(width)}  ... {cut.note()} (show {record.id} --full)"
         lines.append(f"{key.ljust(width)}  {shown}")
         if isinstance(trace, str):
             lines.append(f"{''.ljust(width)}  traceback:")
@@ -139,5 +146,5 @@ def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
                 + (f" (did you mean {gap.like!r}?)" if gap.like else "")
                 + f"; served: {cover.served_text()}"
             )
-        print(_text(record, held, steps, said))
+        print(_text(record, held, steps, said, full=args.full))
     return 0

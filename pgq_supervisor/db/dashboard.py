@@ -6,16 +6,18 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from psycopg import errors as pg_errors
-from psycopg.rows import scalar_row
+from psycopg.rows import scalar_row, tuple_row
 
 from pgq_supervisor.db import web_rows as rows
 from pgq_supervisor.db.connection import Conn, cursor, statement, wrapped
 from pgq_supervisor.db.params import IdParams, NoParams, TypeParams, id_floor, new_id
-from pgq_supervisor.errors import DatabaseError
-from pgq_supervisor.jobs import Bundle, BundleId, JobId, JobState
+from pgq_supervisor.db.rows import JOB_RECORD
+from pgq_supervisor.errors import DatabaseError, JobNotFound
+from pgq_supervisor.jobs import Bundle, BundleId, JobId, JobRecord, JobState
 
 
 class SearchTimedOut(DatabaseError):
@@ -68,6 +70,58 @@ def jobs_page(
             return cur.execute(statement("jobs_page", schema), params).fetchall()
         except pg_errors.QueryCanceled as exc:
             raise SearchTimedOut(f"the search took over {time_limit:g} s") from exc
+
+
+def job_page_record(conn: Conn, schema: str, job_id: JobId, inline: int) -> JobRecord:
+    """get_job, its payload and result None when stored in more than `inline` bytes (read
+    their start with job_body_head); JobNotFound if no job has the id."""
+    params: rows.JobPageParams = {"id": job_id, "inline": inline}
+    with wrapped(), cursor(conn, JOB_RECORD) as cur:
+        job = cur.execute(statement("job_page_record", schema), params).fetchone()
+    if job is None:
+        raise JobNotFound(f"no job with id {job_id}")
+    return job
+
+
+@dataclass(frozen=True, slots=True)
+class BodyHead:
+    """The start of a job's payload and result as JSON text, and the whole's size in bytes
+    (result None: the job has none), as of its updated_at."""
+
+    payload: str
+    payload_bytes: int
+    result: str | None
+    result_bytes: int | None
+    updated_at: datetime
+
+
+def job_body_head(conn: Conn, schema: str, job_id: JobId, chars: int) -> BodyHead | None:
+    """The first `chars` characters of the job's payload and result; None if it is gone."""
+    params: rows.BodyHeadParams = {"id": job_id, "chars": chars}
+    with wrapped(), cursor(conn, tuple_row) as cur:
+        row = cur.execute(statement("job_body_head", schema), params).fetchone()
+    if row is None:
+        return None
+    payload, payload_bytes, result, result_bytes, updated_at = row
+    assert isinstance(updated_at, datetime)
+    return BodyHead(
+        str(payload),
+        int(payload_bytes),
+        None if result is None else str(result),
+        None if result_bytes is None else int(result_bytes),
+        updated_at,
+    )
+
+
+def job_body(conn: Conn, schema: str, job_id: JobId, part: str) -> str | None:
+    """The job's payload or result (`part`) whole, as JSON text; None if the job is gone or
+    has no result. JobNotFound if no job has the id."""
+    params: rows.BodyParams = {"id": job_id, "part": part}
+    with wrapped(), cursor(conn, tuple_row) as cur:
+        row = cur.execute(statement("job_body", schema), params).fetchone()
+    if row is None:
+        raise JobNotFound(f"no job with id {job_id}")
+    return None if row[0] is None else str(row[0])
 
 
 def job_dependencies(conn: Conn, schema: str, job_id: JobId) -> list[rows.JobLink]:

@@ -26,16 +26,18 @@ from pgq_supervisor.db.connection import (
     wrapped,
 )
 from pgq_supervisor.db.option_params import DebounceKeyParams, DebounceParams
-from pgq_supervisor.db.params import dump_json
 from pgq_supervisor.errors import InvalidInput
 from pgq_supervisor.jobs import JobId, NewJob
+from pgq_supervisor.jsontext import dump_payload
 
 # What a debounced enqueue does when the job holding its key is running.
 ReplaceRunning = Literal["wait", "drop"]
 
 
 def check(job: NewJob) -> None:
-    """InvalidInput unless `replace` comes with what it needs and nothing it contradicts."""
+    """InvalidInput unless `replace` comes with what it needs and nothing it contradicts,
+    and the job is one enqueueing would take (before the first statement)."""
+    enqueueing.check_job(job)
     if job.unique_key is None:
         raise InvalidInput("replace=True needs a unique_key (the key of the job it replaces)")
     if job.unique_for is not None or job.unique_states is not None:
@@ -50,7 +52,7 @@ def _params(job: NewJob) -> DebounceParams:
     assert job.unique_key is not None
     return {
         "key": job.unique_key,
-        "payload": dump_json(job.payload),
+        "payload": dump_payload(job.payload),
         "start_at": job.start_at,
         "priority": job.priority,
     }
@@ -65,9 +67,10 @@ def _behind(job: NewJob, running: JobId) -> NewJob:
 
 def enqueue(conn: Conn, schema: str, job: NewJob) -> JobId:
     check(job)
+    params = _params(job)
     with atomic(conn):
         with wrapped(), cursor(conn, tuple_row) as cur:
-            row = cur.execute(statement("debounce_holder", schema), _params(job)).fetchone()
+            row = cur.execute(statement("debounce_holder", schema), params).fetchone()
         if row is None:
             return enqueueing.enqueue(conn, schema, dataclasses.replace(job, replace=False))
         action, holder = str(row[0]), JobId(row[1])
@@ -83,10 +86,11 @@ def enqueue(conn: Conn, schema: str, job: NewJob) -> JobId:
 async def enqueue_async(conn: AsyncConn, schema: str, job: NewJob) -> JobId:
     """`enqueue` on an async connection."""
     check(job)
+    params = _params(job)
     async with atomic_async(conn):
         with wrapped():
             async with cursor_async(conn, tuple_row) as cur:
-                await cur.execute(statement("debounce_holder", schema), _params(job))
+                await cur.execute(statement("debounce_holder", schema), params)
                 row = await cur.fetchone()
         if row is None:
             plain = dataclasses.replace(job, replace=False)

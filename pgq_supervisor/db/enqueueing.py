@@ -35,13 +35,13 @@ from pgq_supervisor.db.params import (
     EnqueueRow,
     LinkDependenciesParams,
     UniqueKeysParams,
-    dump_json,
     new_id,
     time_ordered,
 )
 from pgq_supervisor.errors import DatabaseError, InvalidInput
 from pgq_supervisor.inputs import MAX_ORIGIN, check_new_job, check_text
 from pgq_supervisor.jobs import Bundle, BundleId, JobId, NewJob, check_type_name
+from pgq_supervisor.jsontext import dump_payload, max_payload_bytes
 from pgq_supervisor.tracing import current_traceparent
 
 
@@ -79,12 +79,31 @@ def _link_params(
     return params
 
 
+def _payload_of(i: int, n: int) -> str:
+    """What an error names for the payload of a batch's job `i` (of `n`)."""
+    return "payload" if n == 1 else f"payload of jobs[{i}]"
+
+
+def check_job(job: NewJob, what: str = "payload", cap: int | None = None) -> None:
+    """Everything enqueue_params checks, for the paths that open a savepoint or look up a
+    key before they insert: InvalidInput before any statement touches the transaction."""
+    check_new_job(job)
+    dump_payload(job.payload, what, cap)
+
+
+def check_jobs(jobs: Sequence[NewJob]) -> None:
+    """check_job for each job of a batch, its index in the error."""
+    cap = max_payload_bytes()
+    for i, job in enumerate(jobs):
+        check_job(job, _payload_of(i, len(jobs)), cap)
+
+
 def enqueue_params(job: NewJob) -> EnqueueRow:
     check_new_job(job)
     return {
         "id": new_id(),
         "type": job.type,
-        "payload": dump_json(job.payload),
+        "payload": dump_payload(job.payload),
         "priority": job.priority,
         "start_at": job.start_at,
         "max_retry_count": job.max_retry_count,
@@ -189,10 +208,11 @@ def enqueue_many_params(jobs: Sequence[NewJob], bundle_id: BundleId | None) -> E
     on_failures: list[str | None] = []
     concurrency_keys: list[str | None] = []
     tenants: list[str | None] = []
-    for job in jobs:
+    cap = max_payload_bytes()
+    for i, job in enumerate(jobs):
         check_new_job(job)
         types.append(job.type)
-        payloads.append(dump_json(job.payload))
+        payloads.append(dump_payload(job.payload, _payload_of(i, len(jobs)), cap))
         priorities.append(job.priority)
         start_ats.append(job.start_at)
         max_retries.append(job.max_retry_count)
@@ -343,9 +363,10 @@ def _enqueue_copy(
     checked before the COPY starts: bad input raises InvalidInput with nothing sent, and the
     caller's transaction stays usable. Ids go as 32 hex digits, which uuid_in accepts."""
     payloads = []
-    for job in jobs:
+    cap = max_payload_bytes()
+    for i, job in enumerate(jobs):
         check_new_job(job)
-        payloads.append(dump_json(job.payload))
+        payloads.append(dump_payload(job.payload, _payload_of(i, len(jobs)), cap))
     first_id = _sequential_ids_start()
     ids: list[JobId] = []  # made chunk by chunk, while the server inserts the chunk before
     bundle = _NULL if bundle_id is None else bundle_id.hex
@@ -374,9 +395,8 @@ def _enqueue_copy(
     return ids
 
 
-def insert_bundle(
-    conn: Conn, schema: str, type_: str, num_jobs: int, origin: str | None, on_complete: str | None
-) -> Bundle:
+def check_bundle(type_: str, origin: str | None, on_complete: str | None) -> None:
+    """InvalidInput naming what insert_bundle would refuse."""
     try:
         check_type_name(type_)
         if on_complete is not None:
@@ -385,6 +405,12 @@ def insert_bundle(
         raise InvalidInput(str(exc)) from exc
     if origin is not None:
         check_text(origin, "origin", max_chars=MAX_ORIGIN)
+
+
+def insert_bundle(
+    conn: Conn, schema: str, type_: str, num_jobs: int, origin: str | None, on_complete: str | None
+) -> Bundle:
+    check_bundle(type_, origin, on_complete)
     params: BundleParams = {
         "id": new_id(),
         "type": type_,

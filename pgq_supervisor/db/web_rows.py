@@ -10,7 +10,7 @@ from datetime import datetime
 from typing import TypedDict
 
 from pgq_supervisor.db.params import IdParams, NoParams, TypeParams
-from pgq_supervisor.db.rows import NamedRow, maybe_state_of, state_of
+from pgq_supervisor.db.rows import JOB_RECORD, NamedRow, maybe_state_of, state_of
 from pgq_supervisor.jobs import BundleId, JobId, JobState, JsonValue
 
 
@@ -141,6 +141,21 @@ class IdLimitParams(TypedDict):
     limit: int
 
 
+class JobPageParams(TypedDict):
+    id: uuid.UUID
+    inline: int
+
+
+class BodyHeadParams(TypedDict):
+    id: uuid.UUID
+    chars: int
+
+
+class BodyParams(TypedDict):
+    id: uuid.UUID
+    part: str
+
+
 class LimitParams(TypedDict):
     limit: int
 
@@ -205,6 +220,7 @@ class ScheduleRunParams(TypedDict):
 
 ROWS: dict[str, tuple[str, ...]] = {
     "jobs_page": JOB_LISTED.columns,
+    "job_page_record": JOB_RECORD.columns,
     "job_dependencies": JOB_LINK.columns,
     "job_dependents": JOB_LINK.columns,
     "bundles_page": BUNDLE_LISTED.columns,
@@ -218,6 +234,9 @@ ROWS: dict[str, tuple[str, ...]] = {
 
 PARAMS: dict[str, type] = {
     "jobs_page": JobsPageParams,
+    "job_page_record": JobPageParams,
+    "job_body_head": BodyHeadParams,
+    "job_body": BodyParams,
     "job_dependencies": IdParams,
     "job_dependents": IdLimitParams,
     "bundles_page": BundlesPageParams,

@@ -104,6 +104,7 @@ def enqueue(conn: Conn, schema: str, job: NewJob) -> JobId:
         return debounce.enqueue(conn, schema, job)
     if job.ordered_key is not None:
         check_ordered(job)
+        enqueueing.check_job(job)  # before the savepoint
         with atomic(conn):
             job_id = enqueueing.enqueue(conn, schema, job)
             _link(conn, schema, [job_id], [job.ordered_key])
@@ -111,6 +112,7 @@ def enqueue(conn: Conn, schema: str, job: NewJob) -> JobId:
     if not _windowed(job):
         return enqueueing.enqueue(conn, schema, job)
     check(job)
+    enqueueing.check_job(job)
     with atomic(conn):
         held = holders(conn, schema, [job])
         if held:
@@ -124,6 +126,7 @@ async def enqueue_async(conn: AsyncConn, schema: str, job: NewJob) -> JobId:
         return await debounce.enqueue_async(conn, schema, job)
     if job.ordered_key is not None:
         check_ordered(job)
+        enqueueing.check_job(job)
         async with atomic_async(conn):
             job_id = await enqueueing.enqueue_async(conn, schema, job)
             link: OrderedLinkParams = {"ids": [job_id], "keys": [job.ordered_key]}
@@ -133,6 +136,7 @@ async def enqueue_async(conn: AsyncConn, schema: str, job: NewJob) -> JobId:
     if not _windowed(job):
         return await enqueueing.enqueue_async(conn, schema, job)
     check(job)
+    enqueueing.check_job(job)
     async with atomic_async(conn):
         held = await holders_async(conn, schema, [job])
         if held:
@@ -167,6 +171,7 @@ def enqueue_many(
         return enqueueing.enqueue_many(conn, schema, jobs, bundle_id)
     for job in windowed:
         check(job)
+    enqueueing.check_jobs(jobs)  # before the savepoint and the look-up
     with atomic(conn):
         held = holders(conn, schema, windowed)
         free = [j for j in jobs if not _windowed(j) or j.unique_key not in held]
@@ -206,7 +211,7 @@ def _enqueue_many_ordered(
         check_ordered(job)
     if any(_windowed(j) or j.replace for j in jobs):
         raise InvalidInput("a batch with ordered_key jobs cannot have unique_for or replace jobs")
-    with atomic(conn):
+    with atomic(conn):  # bad input found inside (enqueue_many): rolled back to the savepoint
         ids = enqueueing.enqueue_many(conn, schema, jobs, bundle_id)
         pairs = [(i, j.ordered_key) for i, j in zip(ids, jobs, strict=True) if j.ordered_key]
         _link(conn, schema, [i for i, _ in pairs], [k for _, k in pairs])

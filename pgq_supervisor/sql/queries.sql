@@ -959,6 +959,35 @@ WHERE (%(state)s::{schema}.job_state IS NULL OR state = %(state)s::{schema}.job_
 ORDER BY created_at DESC, id DESC
 LIMIT %(limit)s
 
+-- name: job_page_record
+-- get_job for the dashboard's job page: the payload and the result only when stored (TOAST,
+-- maybe compressed; pg_column_size reads the header, decompressing nothing) in at most
+-- `inline` bytes, else NULL (job_body_head reads the start of the one cut off).
+SELECT id, bundle_id, type,
+       CASE WHEN pg_column_size(payload) <= %(inline)s THEN payload END AS payload,
+       priority, origin, state, max_retry_count,
+       current_retry_count, start_at, started_at, stopped_at,
+       {schema}.job_alive_at(state, worker_alive_at, worker_id) AS worker_alive_at, worker_id,
+       timeout, unique_key,
+       CASE WHEN pg_column_size(result) <= %(inline)s THEN result END AS result,
+       error_msg, error_data, attempts, created_at, updated_at,
+       progress, waiting_on, depends_on, on_dependency_failure, has_dependents, concurrency_key,
+       trace_context, snoozes, debounce_key, ordered_key, workflow_parent, tenant
+FROM {schema}.job WHERE id = %(id)s
+
+-- name: job_body_head
+-- The first `chars` characters of a job's payload and of its result as JSON text, each with
+-- the whole text's size in bytes (NULL: no result). Decompresses both whole, once per
+-- change: the dashboard keeps them by the job's updated_at.
+SELECT left(payload::text, %(chars)s), octet_length(payload::text),
+       left(result::text, %(chars)s), octet_length(result::text), updated_at
+FROM {schema}.job WHERE id = %(id)s
+
+-- name: job_body
+-- A job's payload or result whole, as JSON text (the job page's link to what it cut).
+SELECT CASE WHEN %(part)s = 'payload' THEN payload::text ELSE result::text END
+FROM {schema}.job WHERE id = %(id)s
+
 -- name: job_dependencies
 -- The jobs one job depends on, with where each stands (job_dependency_pkey).
 SELECT j.id, j.type, j.state

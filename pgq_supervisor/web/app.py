@@ -116,6 +116,8 @@ def create_app(
         Route("/jobs", dash.jobs, name="jobs"),
         Route("/jobs/bulk", dash.bulk_action, methods=["POST"], name="bulk_action"),
         Route("/jobs/{job_id}", dash.job, name="job"),
+        # GET: a payload or a result whole (the job page cuts it at display.SHOWN_CHARS)
+        Route("/jobs/{job_id}/{part}.json", dash.job_body, name="job_body"),
         Route("/jobs/{job_id}/{action}", dash.job_action, methods=["POST"], name="job_action"),
         Route("/types/{action}", dash.type_action, methods=["POST"], name="type_action"),
         # a type may hold `/` (check_type_name): the rest of the path is the type

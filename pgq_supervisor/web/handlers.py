@@ -193,12 +193,25 @@ class Handlers:
         *,
         live: bool = False,
         status: int = 200,
+        version: str | None = None,
     ) -> Response:
+        """`template` rendered with `data`. A live poll (X-Pgq-Live) whose If-None-Match is the
+        page's ETag gets a 304: the ETag of the rendered HTML, or with `version` (a string
+        that changes whenever what the page shows does) one made of it before rendering, so
+        that an unchanged page is not rendered at all."""
         if not await self._allowed(request, "view"):
             return PlainTextResponse("not allowed: view", status_code=403)
         nonce, new_nonce = self.csrf.nonce(request)
         token = self.csrf.token(request, nonce)
         fragment = request.headers.get("x-pgq-live") == "1"
+        etag = None
+        if version is not None:
+            seen = "\x00".join((template, version, token, str(self.refusal), str(fragment)))
+            etag = '"v' + hashlib.sha256(seen.encode("utf-8", "replace")).hexdigest()[:32] + '"'
+            if fragment and request.headers.get("if-none-match") == etag:
+                return Response(
+                    status_code=304, headers={"ETag": etag, "Cache-Control": "no-cache"}
+                )
         flash = read_flash(request) if not fragment else None
         html = self.env.get_template(template).render(
             **data,
@@ -214,7 +227,8 @@ class Handlers:
             # the decoded path, encoded again (a type's `?` or `#` is no query nor fragment)
             request_path=quote(request.url.path, safe="/"),
         )
-        etag = '"' + hashlib.sha256(html.encode()).hexdigest()[:32] + '"'
+        if etag is None:
+            etag = '"' + hashlib.sha256(html.encode()).hexdigest()[:32] + '"'
         headers = {"ETag": etag, "Cache-Control": "no-cache"}
         if fragment and request.headers.get("if-none-match") == etag:
             return Response(status_code=304, headers=headers)

@@ -4,19 +4,28 @@ renders its template; `authorize(request, "view")` is asked by Handlers._page.""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 
 from starlette.requests import Request
-from starlette.responses import RedirectResponse, Response
+from starlette.responses import PlainTextResponse, RedirectResponse, Response
 
 from pgq_supervisor import db
 from pgq_supervisor.db.health import read_health
 from pgq_supervisor.errors import JobNotFound
-from pgq_supervisor.jobs import BundleId, check_type_name
+from pgq_supervisor.jobs import BundleId, JobRecord, JobState, check_type_name
 from pgq_supervisor.vacuum import MAX_TRANSACTION_AGE, Finding, diagnose
 from pgq_supervisor.web import jobs_view, type_view, views
 from pgq_supervisor.web.handlers import Handlers, bundle_exists, job_exists, parse_id
 
 PAGE_SIZE = 50
+
+
+def job_version(data: Mapping[str, object]) -> str:
+    """What the job page shows, as one string: its data but the clock, which only a running
+    job's "duration so far" reads (a finished one's page changes only when the job does)."""
+    job = data.get("job")
+    running = isinstance(job, JobRecord) and job.state is JobState.RUNNING
+    return repr(sorted((k, v) for k, v in data.items() if k != "now" or running))
 
 
 class Pages(Handlers):
@@ -49,7 +58,23 @@ class Pages(Handlers):
             data = await self._read(lambda conn, s: views.job(conn, s, job_id))
         except JobNotFound:
             return await self._not_found(request, f"no job with id {job_id}")
-        return await self._page(request, "job.html", data, live=True)
+        # the ETag of the data, compared before rendering: an unchanged page is not rendered
+        return await self._page(request, "job.html", data, live=True, version=job_version(data))
+
+    async def job_body(self, request: Request) -> Response:
+        """A job's payload or result whole, as JSON (the job page's link to what it cut)."""
+        if not await self._allowed(request, "view"):
+            return PlainTextResponse("not allowed: view", status_code=403)
+        job_id = parse_id(str(request.path_params["job_id"]))
+        part = str(request.path_params["part"])
+        if job_id is None or part not in ("payload", "result"):
+            return await self._not_found(request, "not a job's payload or result")
+        try:
+            text = await self._read(lambda conn, s: db.job_body(conn, s, job_id, part))
+        except JobNotFound:
+            return await self._not_found(request, f"no job with id {job_id}")
+        headers = {"Cache-Control": "no-cache"}
+        return Response(text or "null", media_type="application/json", headers=headers)
 
     async def job_type(self, request: Request) -> Response:
         try:

@@ -3,6 +3,9 @@ and what each action does. No HTTP here: app.py calls these in Starlette's threa
 
 from __future__ import annotations
 
+import json
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -12,15 +15,18 @@ from pgq_supervisor.db import workflows
 from pgq_supervisor.db.rows import ScheduleRecord
 from pgq_supervisor.db.web_rows import RunningJob
 from pgq_supervisor.display import (
+    SHOWN_CHARS,
+    Shown,
     children_of,
     count_of,
     current_pause,
     held_back,
     not_started,
+    shown,
     step_line,
 )
 from pgq_supervisor.errors import ConfigError, JobNotFound
-from pgq_supervisor.jobs import BundleId, JobId, JobState
+from pgq_supervisor.jobs import BundleId, JobId, JobRecord, JobState, JsonValue
 from pgq_supervisor.periodic import Schedule
 from pgq_supervisor.web.charts import CHART_MINUTES, chart
 
@@ -113,8 +119,63 @@ def overview(conn: db.Conn, schema: str, stale_after: float = 15.0) -> Data:
 # ---- one job ----
 
 
+# Payloads and results stored (TOAST, maybe compressed) in more bytes than this are not read
+# whole for the job page: their start comes from job_body_head, kept by the job's updated_at
+# (a payload or a result never changes without it), so a live poll re-reads none of it. Small:
+# a compressed value may hold many times its stored size (pglz on repetitive JSON: 100x).
+INLINE_BYTES = 2048
+_HEADS: OrderedDict[tuple[str, JobId, datetime], db.BodyHead] = OrderedDict()
+_HEADS_KEPT = 32
+_heads_lock = threading.Lock()
+
+
+def _head(conn: db.Conn, schema: str, record: JobRecord) -> db.BodyHead | None:
+    key = (schema, record.id, record.updated_at)
+    with _heads_lock:
+        if (head := _HEADS.get(key)) is not None:
+            _HEADS.move_to_end(key)
+            return head
+    head = db.job_body_head(conn, schema, record.id, SHOWN_CHARS)
+    if head is not None and head.updated_at == record.updated_at:
+        with _heads_lock:
+            _HEADS[key] = head
+            while len(_HEADS) > _HEADS_KEPT:
+                _HEADS.popitem(last=False)
+    return head
+
+
+def _pretty(value: JsonValue) -> Shown:
+    return shown(json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False))
+
+
+def bodies(conn: db.Conn, schema: str, record: JobRecord) -> tuple[Shown, Shown | None]:
+    """The job page's payload and result (None: no result), each cut at SHOWN_CHARS: pretty
+    JSON when read whole (job_page_record), else the start of its JSON text."""
+    payload = None if record.payload is None else _pretty(record.payload)
+    result = None if record.result is None else _pretty(record.result)
+    # payload NOT NULL: None is one stored over INLINE_BYTES; a result None may be one too
+    # (only a succeeded job has one)
+    if payload is None or (result is None and record.state is JobState.SUCCEEDED):
+        head = _head(conn, schema, record)
+        if head is not None:
+            payload = payload or _from_head(head.payload, head.payload_bytes)
+            if head.result is not None and head.result_bytes is not None:
+                result = _from_head(head.result, head.result_bytes)
+    return payload or shown("null"), result
+
+
+def _from_head(text: str, size: int) -> Shown:
+    """A body read by job_body_head: pretty if it is all there, else its start as stored."""
+    cut = shown(text, size)
+    if cut.cut:
+        return cut
+    value: JsonValue = json.loads(text)
+    return _pretty(value)
+
+
 def job(conn: db.Conn, schema: str, job_id: JobId) -> Data:
-    record = db.get_job(conn, schema, job_id)
+    record = db.job_page_record(conn, schema, job_id, INLINE_BYTES)
+    payload, result = bodies(conn, schema, record)
     bundle = None
     if record.bundle_id is not None:
         try:
@@ -129,6 +190,8 @@ def job(conn: db.Conn, schema: str, job_id: JobId) -> Data:
         "held_back": held_back(record),
         "pause": current_pause(steps) if record.state is JobState.PENDING else None,
         "job": record,
+        "payload": payload,
+        "result": result,
         "bundle": bundle,
         "attempts": attempts,
         "last_traceback": error_data.get("traceback"),

@@ -23,6 +23,7 @@ import pydantic
 from pgq_supervisor import db, tracing
 from pgq_supervisor.errors import InvalidInput, PermanentError, Snooze, Suspend
 from pgq_supervisor.jobs import AttemptKind, Job, JsonValue
+from pgq_supervisor.jsontext import dump_payload
 from pgq_supervisor.registry import Registry
 from pgq_supervisor.worker.progress import ProgressSink, reporting
 from pgq_supervisor.workflows.runner import workflow_call
@@ -76,7 +77,9 @@ def _result_json(value: object) -> str | None:
         # through dump_json too: a NUL or a lone surrogate would make jsonb refuse the whole
         # batch's completion; here it is this job's failure alone
         value = value.model_dump(mode="json")
-    return db.dump_json(value, "handler result")
+    # over the payload cap: this job's failure (InvalidInput, permanent: the same handler
+    # would return the same result), not a result the dashboard and `show` must carry
+    return dump_payload(value, "handler result")
 
 
 class Executor:

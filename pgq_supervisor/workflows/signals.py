@@ -9,7 +9,7 @@ from pgq_supervisor.frameworks import AsyncConnLike, ConnLike, as_psycopg, as_ps
 from pgq_supervisor.ids import job_id as parse_job_id
 from pgq_supervisor.inputs import check_text
 from pgq_supervisor.jobs import IdLike, JsonValue
-from pgq_supervisor.jsontext import dump_json
+from pgq_supervisor.jsontext import dump_payload
 
 
 def _checked(name: str, payload: JsonValue) -> str:
@@ -18,7 +18,7 @@ def _checked(name: str, payload: JsonValue) -> str:
     if not isinstance(name, str) or not 1 <= len(name) <= 200:
         raise InvalidInput(f"signal name must be 1 to 200 characters, got {name!r:.60}")
     check_text(name, "signal name")  # a NUL or a lone surrogate
-    return dump_json(payload, "signal payload")
+    return dump_payload(payload, "signal payload")
 
 
 def signal(

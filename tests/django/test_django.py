@@ -141,6 +141,30 @@ def test_our_own_api_takes_djangos_connection_in_its_atomic(django_dsn: str, com
     assert row == (1 if commit else 0,)
 
 
+def test_a_task_over_the_payload_cap_is_refused_in_the_atomic_block(
+    django_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The backend's enqueue goes through the payload cap: InvalidInput before any statement,
+    and the view's transaction goes on (its own row commits, no job)."""
+    from django.db import connection, transaction
+    from shop.models import Order
+    from shop.tasks import explode
+
+    import pgq_supervisor as pgq
+
+    monkeypatch.setenv("PGQ_MAX_PAYLOAD_BYTES", "200")
+    with transaction.atomic():
+        order = Order.objects.create(name="capped")
+        with pytest.raises(pgq.InvalidInput, match=r"payload is \d+ bytes of JSON, over the 200"):
+            explode.enqueue("x" * 300)
+        with connection.cursor() as cur:
+            cur.execute("SELECT 1")  # not aborted
+    assert Order.objects.filter(pk=order.pk).exists()
+    with psycopg.connect(django_dsn, autocommit=True) as check:
+        row = check.execute("SELECT count(*) FROM pgq.job WHERE payload::text LIKE '%xxxx%'")
+        assert row.fetchone() == (0,)
+
+
 def test_a_failing_task_reports_its_error(django_dsn: str, worker: Path) -> None:
     from shop.tasks import explode
 

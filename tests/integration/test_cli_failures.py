@@ -239,13 +239,49 @@ def _deep_json(depth: int) -> str:
         (["enqueue", "t", "{}", "--start-in", "1e400"], r"invalid duration '1e400'"),
         (["enqueue", "t", "{}", "--start-in", "nan"], r"invalid duration 'nan'"),
         (["purge", "--older-than", "1e12"], r"invalid duration '1e12'"),
+        # Python's int conversion limit (4300 digits): a ValueError, not a JSONDecodeError
+        (["enqueue", "t", '{"a": ' + "9" * 5000 + "}"], r"an integer of more than 4300 digits"),
+        (
+            ["enqueue", "t", '{"s": "' + "x" * 93 + '"}', "--max-payload-bytes", "100"],
+            r"^error: payload is 101 bytes of JSON, over the 100-byte cap \(PGQ_MAX_PAYLOAD_BYTES"
+            r"\)$",
+        ),
+        (["enqueue", "t", "{}", "--max-payload-bytes", "0"], r"invalid setting max_payload_bytes"),
     ],
-    ids=["deep", "high-surrogate", "low-surrogate", "1e12", "1e9d", "inf", "1e400", "nan", "purge"],
+    ids=[
+        *("deep", "high-surrogate", "low-surrogate", "1e12", "1e9d", "inf", "1e400", "nan"),
+        *("purge", "5000-digits", "over-the-cap", "cap-0"),
+    ],
 )
 def test_absurd_input_is_one_line_exit_2_and_nothing_written(
     dsn: str, conn: Conn, args: list[str], pattern: str
 ) -> None:
     fails(cli(dsn, *args), 2, pattern)
+    assert count_rows(conn) == 0
+
+
+def test_the_cap_comes_from_the_environment_too(dsn: str, conn: Conn) -> None:
+    big = '{"s": "' + "x" * 2000 + '"}'
+    result = run_cli(["enqueue", "t", big], dsn, env={"PGQ_MAX_PAYLOAD_BYTES": "1000"})
+    fails(result, 2, r"payload is 2008 bytes of JSON, over the 1000-byte cap")
+    assert count_rows(conn) == 0
+
+
+# Python keeps a byte that is not UTF-8 as a lone surrogate (\udcff for 0xff): the child gets
+# the raw byte back (subprocess encodes arguments with surrogateescape)
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["status", "\udcff"],
+        ["\udcff"],
+        ["enqueue", "t", '{"a": "\udcff"}'],
+        ["jobs", "--type", "\udcc3("],
+        ["run", "--app", "\udcff"],
+    ],
+    ids=["status", "alone", "payload", "flag-value", "run"],
+)
+def test_a_non_utf8_argument_is_one_line_exit_2(dsn: str, conn: Conn, args: list[str]) -> None:
+    fails(run_cli(args, dsn), 2, r"^error: argument \d+ is not valid UTF-8: .*\\x[a-f0-9]{2}")
     assert count_rows(conn) == 0
 
 

@@ -206,6 +206,7 @@ def _sample_params(conn: Conn) -> dict[str, dict[str, object]]:
         },
         "job_dependencies": {"id": _dependent(conn)},
         "job_dependents": {"id": ids[0], "limit": 10},
+        "job_page_record": {"id": ids[0], "inline": 65536},
         "bundles_page": {"limit": 10, "window": 60.0},
         "bundle_completion": {
             "id": completed.id, "type": "after", "since": params.id_floor(completed.created_at),
