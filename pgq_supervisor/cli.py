@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, NoReturn
 
-from setproctitle import getproctitle
+from setproctitle import getproctitle, setproctitle
 
 from pgq_supervisor import admin, db
 from pgq_supervisor import schema as migrations
@@ -31,7 +31,7 @@ from pgq_supervisor.errors import (
 )
 from pgq_supervisor.jobs import NewJob
 from pgq_supervisor.logs import setup_logging
-from pgq_supervisor.redaction import hide_password, redact
+from pgq_supervisor.redaction import hide_password, mask_dsn, redact
 from pgq_supervisor.registry import Registry, load_registry
 from pgq_supervisor.settings import Settings, load_settings, parse_duration
 
@@ -164,6 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args_list.insert(0, "run")
     parser = build_parser()
     args = parser.parse_args(args_list)
+    _hide_dsns_in_title(args_list, args)
     flags = {
         k: v
         for k, v in vars(args).items()
@@ -176,7 +177,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = load_settings(**flags)
         dsns += [settings.dsn, settings.listen_dsn]
-        setup_logging(settings.log_level, settings.log_format)
+        setup_logging(
+            settings.log_level,
+            settings.log_format,
+            hide=[d for d in dsns if isinstance(d, str)],
+        )
         handler: Handler = args.handler
         return handler(args, settings)
     except (ConfigError, InvalidInput) as exc:
@@ -189,6 +194,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(ExitCode.FAILURE, str(exc), dsns)
     except KeyboardInterrupt:
         return ExitCode.INTERRUPTED
+
+
+def _hide_dsns_in_title(args_list: Sequence[str], args: argparse.Namespace) -> None:
+    """The process title (what `ps -o args` shows) without the password of a DSN given as a
+    flag, whatever its shape: each argument that holds one shown masked (mask_dsn), the
+    dashboard's title its address. `run`'s supervisor sets its own title once started."""
+    given = [d for d in (getattr(args, "dsn", None), getattr(args, "listen_dsn", None)) if d]
+    masked = [arg for arg in args_list]
+    for dsn in given:
+        masked = [arg.replace(dsn, mask_dsn(dsn)) for arg in masked]
+    if args.command == "dashboard":
+        title = f"pgq-dashboard http://{args.host}:{args.port}/"
+    elif masked != list(args_list):
+        title = " ".join(["pgq-supervisor", *masked])
+    else:
+        return
+    # an argument may hold bytes that are not UTF-8 (surrogate escapes): shown escaped
+    setproctitle(title.encode("utf-8", "backslashreplace").decode("utf-8"))
 
 
 def _unknown_command(word: str) -> str:

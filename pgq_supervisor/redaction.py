@@ -9,6 +9,7 @@ is exactly the case), and every quoted token holding it, or a piece of it, is ma
 
 from __future__ import annotations
 
+import logging
 import re
 from urllib.parse import unquote
 
@@ -92,3 +93,69 @@ def redact(dsn: str) -> str:
     needles = whole | pieces
     shown = {k: MASK if any(n in str(v) for n in needles) else str(v) for k, v in params.items()}
     return " ".join(f"{k}={v}" for k, v in shown.items())
+
+
+def _password_spans(dsn: str) -> list[tuple[int, int]]:
+    """Where the password is written in `dsn` (as _written finds it, quotes and escapes kept)."""
+    spans: list[tuple[int, int]] = []
+    url = _URL.match(dsn)
+    if url is None:
+        for m in _KV_PASSWORD.finditer(dsn):
+            group = 1 if m.group(1) is not None else 2
+            if m.group(group):
+                spans.append(m.span(group))
+        return spans
+    start, rest = url.start(1), url.group(1)
+    authority = rest.split("?", 1)[0]
+    at = authority.rfind("@")
+    colon = authority[: max(at, 0)].find(":")
+    if at >= 0 and 0 <= colon < at - 1:
+        spans.append((start + colon + 1, start + at))
+    spans += [(start + m.start(1), start + m.end(1)) for m in _URL_QUERY_PASSWORD.finditer(rest)]
+    return [s for s in spans if s[1] > s[0]]
+
+
+def mask_dsn(dsn: str) -> str:
+    """`dsn` as written with its password replaced by *** wherever it is given, whether or not
+    the DSN parses: what a process title may show of an argument."""
+    for begin, end in sorted(_password_spans(dsn), reverse=True):
+        dsn = dsn[:begin] + MASK + dsn[end:]
+    return dsn
+
+
+# a password this short is masked inside quoted tokens only: anywhere, it would mask words
+_ANYWHERE_MIN = 4
+
+
+def hide_secrets(text: str, *dsns: str | None) -> str:
+    """hide_password, and every whole password of `dsns` (of 4 characters or more) masked
+    wherever it stands, quoted or not: for log lines and tracebacks."""
+    text = hide_password(text, *dsns)
+    for dsn in dsns:
+        whole, _pieces = secrets_of(dsn)
+        for secret in sorted(whole, key=len, reverse=True):
+            if len(secret) >= _ANYWHERE_MIN:
+                text = text.replace(secret, MASK)
+    return text
+
+
+class HidePasswords(logging.Filter):
+    """A logging filter that masks the passwords of `dsns` (hide_secrets) in each record's
+    message and traceback: on a handler, every line it writes; on a logger, its own records."""
+
+    def __init__(self, *dsns: str | None) -> None:
+        super().__init__()
+        self.dsns = [d for d in dsns if d and secrets_of(d) != (set(), set())]
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not self.dsns:
+            return True
+        message = record.getMessage()
+        masked = hide_secrets(message, *self.dsns)
+        if masked != message:
+            record.msg, record.args = masked, None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = hide_secrets(record.exc_text, *self.dsns)
+        return True
