@@ -26,12 +26,13 @@ from pgq_supervisor.errors import (
     ConfigError,
     ExitCode,
     InvalidInput,
+    MigrationLocked,
     PgqError,
     install_hint,
 )
 from pgq_supervisor.jobs import NewJob
 from pgq_supervisor.logs import setup_logging
-from pgq_supervisor.redaction import hide_password, mask_dsn, redact
+from pgq_supervisor.redaction import hide_password, masked_args
 from pgq_supervisor.registry import Registry, load_registry
 from pgq_supervisor.settings import Settings, load_settings, parse_duration
 
@@ -100,6 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(handler=cmd_run)
 
     mig = sub.add_parser("migrate", parents=[common], help="create or upgrade the schema")
+    lock_help = Settings.model_fields["migrate_lock_timeout"].description
+    mig.add_argument("--lock-timeout", dest="migrate_lock_timeout", metavar="S", help=lock_help)
     mig.set_defaults(handler=cmd_migrate)
 
     enq = sub.add_parser("enqueue", parents=[common], help="enqueue one job")
@@ -169,7 +172,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         k: v
         for k, v in vars(args).items()
         if k in Settings.model_fields or k == "db_schema"
-        if args.command == "run" or k in ("dsn", "db_schema", "log_level", "log_format")
+        if args.command == "run"
+        or k in ("dsn", "db_schema", "log_level", "log_format", "migrate_lock_timeout")
     }
     # every DSN the command may have been given, whose password no error line may show
     dsns = [flags.get("dsn"), flags.get("listen_dsn")]
@@ -177,14 +181,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = load_settings(**flags)
         dsns += [settings.dsn, settings.listen_dsn]
-        setup_logging(
-            settings.log_level,
-            settings.log_format,
-            hide=[d for d in dsns if isinstance(d, str)],
-        )
+        setup_logging(settings.log_level, settings.log_format, (settings.dsn, settings.listen_dsn))
         handler: Handler = args.handler
         return handler(args, settings)
-    except (ConfigError, InvalidInput) as exc:
+    except (ConfigError, InvalidInput, MigrationLocked) as exc:
         return _fail(ExitCode.USAGE, str(exc), dsns)
     except AppLoadError as exc:
         # the whole traceback at --log-level debug, before the one line said either way
@@ -197,21 +197,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _hide_dsns_in_title(args_list: Sequence[str], args: argparse.Namespace) -> None:
-    """The process title (what `ps -o args` shows) without the password of a DSN given as a
-    flag, whatever its shape: each argument that holds one shown masked (mask_dsn), the
-    dashboard's title its address. `run`'s supervisor sets its own title once started."""
-    given = [d for d in (getattr(args, "dsn", None), getattr(args, "listen_dsn", None)) if d]
-    masked = [arg for arg in args_list]
-    for dsn in given:
-        masked = [arg.replace(dsn, mask_dsn(dsn)) for arg in masked]
+    """What `ps -o args` shows: no DSN password (docs/operations.md#secrets-in-titles-and-logs);
+    `run`'s supervisor sets its own title once started."""
+    masked = masked_args(args_list, getattr(args, "dsn", None), getattr(args, "listen_dsn", None))
     if args.command == "dashboard":
-        title = f"pgq-dashboard http://{args.host}:{args.port}/"
-    elif masked != list(args_list):
-        title = " ".join(["pgq-supervisor", *masked])
-    else:
-        return
-    # an argument may hold bytes that are not UTF-8 (surrogate escapes): shown escaped
-    setproctitle(title.encode("utf-8", "backslashreplace").decode("utf-8"))
+        setproctitle(f"pgq-dashboard http://{args.host}:{args.port}/")
+    elif masked is not None:
+        setproctitle(" ".join(["pgq-supervisor", *masked]))
 
 
 def _unknown_command(word: str) -> str:
@@ -302,7 +294,9 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
     with db.connect_at_startup(
         dsn, settings.connect_timeout, prepare_threshold=settings.prepare_threshold
     ) as conn:
-        done = migrations.migrate(conn, settings.db_schema)
+        done = migrations.migrate(
+            conn, settings.db_schema, lock_timeout=settings.migrate_lock_timeout
+        )
     if done:
         print(f"applied migrations {', '.join(map(str, done))} to schema {settings.db_schema}")
     else:
@@ -352,37 +346,20 @@ def cmd_embedded(args: argparse.Namespace, settings: Settings) -> int:
         return 0
     dsn = start_embedded(data_dir, keep_running=True)
     with db.connect_at_startup(dsn, settings.connect_timeout) as conn:
-        migrations.migrate(conn, settings.db_schema)
+        migrations.migrate(conn, settings.db_schema, lock_timeout=settings.migrate_lock_timeout)
     print(dsn)  # alone on stdout: PGQ_DSN=$(python -m pgq_supervisor embedded)
     log.info("the embedded server in %s keeps running: `embedded stop` stops it", data_dir)
     return 0
 
 
 def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
-    from pgq_supervisor.demo import run_demo
+    from pgq_supervisor.demo import may_write, run_demo
 
-    if settings.dsn and not args.yes and not _demo_may_write(settings.dsn, args.jobs):
+    if settings.dsn and not args.yes and not may_write(settings.dsn, args.jobs):
         return ExitCode.USAGE
     dsn, conn = open_db(settings, migrate=True, wait=True)
     conn.close()
     return run_demo(dsn, settings, jobs=args.jobs, procs=args.procs)
-
-
-def _demo_may_write(dsn: str, jobs: int) -> bool:
-    """Whether the demo may migrate and fill a database the user named: asked on a terminal;
-    elsewhere (a script, CI) only --yes says so."""
-    what = (
-        f"the demo migrates schema pgq and enqueues about {jobs} sample jobs into"
-        f" {redact(dsn)} (unset PGQ_DSN to use an embedded server instead)"
-    )
-    if not sys.stdin.isatty():
-        print(f"error: {what}; pass --yes to go ahead", file=sys.stderr)
-        return False
-    answer = input(f"{what}. Go ahead? [y/N] ")
-    if answer.strip().lower() in ("y", "yes"):
-        return True
-    print("nothing written", file=sys.stderr)
-    return False
 
 
 def _dashboard_auth(settings: Settings) -> Authorize | None:

@@ -26,6 +26,7 @@ import pydantic
 from pgq_supervisor import db
 from pgq_supervisor.client import enqueue_bundle, enqueue_many
 from pgq_supervisor.jobs import Bundle, BundleId, Job, JobState, NewJob
+from pgq_supervisor.redaction import redact
 from pgq_supervisor.registry import Registry, RetryPolicy
 from pgq_supervisor.settings import Settings
 
@@ -192,6 +193,23 @@ class LiveView:
 
 
 # ---- the driver ----------------------------------------------------------------------------
+
+
+def may_write(dsn: str, jobs: int) -> bool:
+    """Whether the demo may migrate and fill a database the user named: asked on a terminal;
+    elsewhere (a script, CI) only --yes says so."""
+    what = (
+        f"the demo migrates schema pgq and enqueues about {jobs} sample jobs into"
+        f" {redact(dsn)} (unset PGQ_DSN to use an embedded server instead)"
+    )
+    if not sys.stdin.isatty():
+        print(f"error: {what}; pass --yes to go ahead", file=sys.stderr)
+        return False
+    answer = input(f"{what}. Go ahead? [y/N] ")
+    if answer.strip().lower() in ("y", "yes"):
+        return True
+    print("nothing written", file=sys.stderr)
+    return False
 
 
 def run_demo(dsn: str, settings: Settings, *, jobs: int, procs: int | None) -> int:

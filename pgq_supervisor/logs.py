@@ -33,7 +33,7 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str)
 
 
-def setup_logging(level: str = "info", fmt: str = "text", hide: Sequence[str] = ()) -> None:
+def setup_logging(level: str = "info", fmt: str = "text", hide: Sequence[str | None] = ()) -> None:
     """Configure the root logger once per process (the supervisor and each child). `hide`:
     DSNs whose passwords no line may show (redaction.HidePasswords), whatever logs it."""
     handler = logging.StreamHandler(sys.stderr)

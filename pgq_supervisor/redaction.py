@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Sequence
 from urllib.parse import unquote
 
 import psycopg
@@ -121,6 +122,18 @@ def mask_dsn(dsn: str) -> str:
     for begin, end in sorted(_password_spans(dsn), reverse=True):
         dsn = dsn[:begin] + MASK + dsn[end:]
     return dsn
+
+
+def masked_args(args: Sequence[str], *dsns: str | None) -> list[str] | None:
+    """`args` with the password of each of `dsns` masked where it is given (mask_dsn), for a
+    process title; None when no argument holds one. Bytes that are not UTF-8 (surrogate
+    escapes) are shown escaped."""
+    masked = list(args)
+    for dsn in (d for d in dsns if d):
+        masked = [arg.replace(dsn, mask_dsn(dsn)) for arg in masked]
+    if masked == list(args):
+        return None
+    return [a.encode("utf-8", "backslashreplace").decode("utf-8") for a in masked]
 
 
 # a password this short is masked inside quoted tokens only: anywhere, it would mask words

@@ -98,6 +98,13 @@ class Settings(BaseSettings):
     connect_timeout: float = Field(
         15.0, gt=0, le=MAX_DURATION, description="start-up wait for the database"
     )
+    migrate_lock_timeout: float = Field(
+        60.0,
+        ge=0,
+        le=MAX_DURATION,
+        description="seconds `migrate` waits for the migration lock another session holds;"
+        " 0 = do not wait",
+    )
     max_jobs_per_child: int | None = Field(
         None, ge=1, description="recycle a child after this many jobs; unset = never"
     )

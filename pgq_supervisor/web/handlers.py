@@ -100,7 +100,7 @@ class Store:
                 conn.prepare_threshold = before
 
     def close(self) -> None:
-        if self._own and self._opened:
+        if self._own:  # opened, or opening (its attempts stop)
             self._pool.close()
         if self._hide is not None:
             logging.getLogger("psycopg.pool").removeFilter(self._hide)

@@ -129,6 +129,7 @@ def test_the_pools_retry_warnings_hold_no_piece_of_a_split_password(
         lambda: [r for r in caplog.records if "error connecting" in r.getMessage()],
         timeout=8,
     )
+    app.state.pgq_close()  # its attempts stop
     for record in found:
         message = record.getMessage()
         assert SECRET not in message and "***" in message, message
