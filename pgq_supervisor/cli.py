@@ -102,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     mig = sub.add_parser("migrate", parents=[common], help="create or upgrade the schema")
     lock_help = Settings.model_fields["migrate_lock_timeout"].description
-    mig.add_argument("--lock-timeout", dest="migrate_lock_timeout", metavar="S", help=lock_help)
+    mig.add_argument("--lock-timeout", dest="migrate_lock_timeout", metavar="SEC", help=lock_help)
     mig.set_defaults(handler=cmd_migrate)
 
     enq = sub.add_parser("enqueue", parents=[common], help="enqueue one job")
