@@ -9,6 +9,7 @@ is exactly the case), and every quoted token holding it, or a piece of it, is ma
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from collections.abc import Sequence
@@ -48,7 +49,8 @@ def _written(dsn: str) -> list[str]:
     return [p for p in found if p]
 
 
-def secrets_of(dsn: str | None) -> tuple[set[str], set[str]]:
+@functools.lru_cache(maxsize=64)  # asked for each log line a filter masks
+def secrets_of(dsn: str | None) -> tuple[frozenset[str], frozenset[str]]:
     """(the password as written and decoded, the pieces of it libpq puts in other fields)."""
     whole: set[str] = set()
     pieces: set[str] = set()
@@ -58,7 +60,7 @@ def secrets_of(dsn: str | None) -> tuple[set[str], set[str]]:
             # libpq keeps the first piece as the password (and never shows it): the others
             # become another field's value or the token an error quotes
             pieces.update(p for p in _SPLIT.split(form)[1:] if p)
-    return whole, pieces
+    return frozenset(whole), frozenset(pieces)
 
 
 def hide_password(text: str, *dsns: str | None) -> str:
@@ -158,7 +160,7 @@ class HidePasswords(logging.Filter):
 
     def __init__(self, *dsns: str | None) -> None:
         super().__init__()
-        self.dsns = [d for d in dsns if d and secrets_of(d) != (set(), set())]
+        self.dsns = [d for d in dsns if d and any(secrets_of(d))]
 
     def filter(self, record: logging.LogRecord) -> bool:
         if not self.dsns:
