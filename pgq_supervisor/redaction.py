@@ -165,7 +165,10 @@ class HidePasswords(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if not self.dsns:
             return True
-        message = record.getMessage()
+        try:
+            message = record.getMessage()
+        except Exception:  # a bad format: the handler's formatter reports it, as it would
+            return True
         masked = hide_secrets(message, *self.dsns)
         if masked != message:
             record.msg, record.args = masked, None
