@@ -27,6 +27,7 @@ from pgq_supervisor.errors import (
     ConfigError,
     ExitCode,
     InvalidInput,
+    MigrationLocked,
     PgqError,
     install_hint,
 )
@@ -34,7 +35,7 @@ from pgq_supervisor.inputs import not_utf8
 from pgq_supervisor.jobs import NewJob
 from pgq_supervisor.jsontext import MAX_PAYLOAD_ENV, load_json_object
 from pgq_supervisor.logs import setup_logging
-from pgq_supervisor.redaction import hide_password
+from pgq_supervisor.redaction import hide_password, title_without_secrets
 from pgq_supervisor.registry import Registry, load_registry
 from pgq_supervisor.settings import Settings, load_settings, parse_duration
 
@@ -112,6 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(handler=cmd_run)
 
     mig = sub.add_parser("migrate", parents=[common], help="create or upgrade the schema")
+    lock_help = Settings.model_fields["migrate_lock_timeout"].description
+    mig.add_argument("--lock-timeout", dest="migrate_lock_timeout", metavar="SEC", help=lock_help)
     mig.set_defaults(handler=cmd_migrate)
 
     enq = sub.add_parser("enqueue", parents=[common], help="enqueue one job")
@@ -186,12 +189,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         args_list.insert(0, "run")
     parser = build_parser()
     args = parser.parse_args(args_list)
+    given = vars(args)
+    dashboard = f"http://{args.host}:{args.port}/" if args.command == "dashboard" else None
+    title_without_secrets(args_list, given.get("dsn"), given.get("listen_dsn"), dashboard)
     flags = {
         k: v
-        for k, v in vars(args).items()
+        for k, v in given.items()
         if k in Settings.model_fields or k == "db_schema"
-        if args.command == "run"
-        or k in ("dsn", "db_schema", "log_level", "log_format", "max_payload_bytes")
+        if args.command == "run" or k in Settings.EVERY_COMMAND
     }
     # every DSN the command may have been given, whose password no error line may show
     dsns = [flags.get("dsn"), flags.get("listen_dsn")]
@@ -201,10 +206,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         dsns += [settings.dsn, settings.listen_dsn]
         # the library (and every child of `run`) reads the cap from the environment
         os.environ[MAX_PAYLOAD_ENV] = str(settings.max_payload_bytes)
-        setup_logging(settings.log_level, settings.log_format)
+        setup_logging(settings.log_level, settings.log_format, (settings.dsn, settings.listen_dsn))
         handler: Handler = args.handler
         return handler(args, settings)
-    except (ConfigError, InvalidInput) as exc:
+    except (ConfigError, InvalidInput, MigrationLocked) as exc:
         return _fail(ExitCode.USAGE, str(exc), dsns)
     except AppLoadError as exc:
         # the whole traceback at --log-level debug, before the one line said either way
@@ -304,7 +309,9 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
     with db.connect_at_startup(
         dsn, settings.connect_timeout, prepare_threshold=settings.prepare_threshold
     ) as conn:
-        done = migrations.migrate(conn, settings.db_schema)
+        done = migrations.migrate(
+            conn, settings.db_schema, lock_timeout=settings.migrate_lock_timeout
+        )
     if done:
         what = "migration" if len(done) == 1 else "migrations"
         print(f"applied {what} {', '.join(map(str, done))} to schema {settings.db_schema}")
@@ -348,7 +355,7 @@ def cmd_embedded(args: argparse.Namespace, settings: Settings) -> int:
         return 0
     dsn = start_embedded(data_dir, keep_running=True)
     with db.connect_at_startup(dsn, settings.connect_timeout) as conn:
-        migrations.migrate(conn, settings.db_schema)
+        migrations.migrate(conn, settings.db_schema, lock_timeout=settings.migrate_lock_timeout)
     print(dsn)  # alone on stdout: PGQ_DSN=$(python -m pgq_supervisor embedded)
     log.info("the embedded server in %s keeps running: `embedded stop` stops it", data_dir)
     return 0

@@ -353,7 +353,13 @@ def queue_depth(conn: ConnLike, type: str | None = None, *, schema: str | None =
     return db.depth(c, _schema(schema), type)
 
 
-def migrate(conn: ConnLike, *, schema: str | None = None) -> list[int]:
-    """Apply pending migrations; returns the versions applied. Safe to run concurrently."""
+def migrate(
+    conn: ConnLike,
+    *,
+    schema: str | None = None,
+    lock_timeout: float = migrations.DEFAULT_LOCK_TIMEOUT,
+) -> list[int]:
+    """Apply pending migrations; returns the versions applied. Safe to run concurrently.
+    schema.migrate says more (the lock, `lock_timeout`, MigrationLocked, a role without DDL)."""
     c = as_psycopg(conn)
-    return migrations.migrate(c, _schema(schema))
+    return migrations.migrate(c, _schema(schema), lock_timeout=lock_timeout)

@@ -92,7 +92,7 @@ def open_db(
     )
     try:
         if migrate or embedded:
-            migrations.migrate(conn, settings.db_schema)
+            migrations.migrate(conn, settings.db_schema, lock_timeout=settings.migrate_lock_timeout)
         else:
             have = migrations.applied_versions(conn, settings.db_schema)
             want = len(migrations.available())

@@ -70,6 +70,11 @@ class SchemaNotMigrated(DatabaseError):
     says to run `python -m pgq_supervisor migrate` (or `pgq.migrate(conn)`)."""
 
 
+class MigrationLocked(PgqError):
+    """`migrate` waited its lock timeout for the migration lock another session holds: the
+    message names the holder (pid, user, application_name). Nothing was applied."""
+
+
 class ConnectionShortage(PgqError):
     """The database has too few free connections for the supervisor now (its limits could
     hold it: a ConfigError says when they could not)."""

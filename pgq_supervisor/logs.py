@@ -6,6 +6,9 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Sequence
+
+from pgq_supervisor.redaction import HidePasswords
 
 _STD = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
 
@@ -23,14 +26,19 @@ class JsonFormatter(logging.Formatter):
         for key, value in record.__dict__.items():
             if key not in _STD:
                 out[key] = value
-        if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        if record.exc_text:
+            out["exc"] = record.exc_text
         return json.dumps(out, default=str)
 
 
-def setup_logging(level: str = "info", fmt: str = "text") -> None:
-    """Configure the root logger once per process (the supervisor and each child)."""
+def setup_logging(level: str = "info", fmt: str = "text", hide: Sequence[str | None] = ()) -> None:
+    """Configure the root logger once per process (the supervisor and each child). `hide`:
+    DSNs whose passwords no line may show (redaction.HidePasswords), whatever logs it."""
     handler = logging.StreamHandler(sys.stderr)
+    if hide:
+        handler.addFilter(HidePasswords(*hide))
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:

@@ -9,11 +9,15 @@ is exactly the case), and every quoted token holding it, or a piece of it, is ma
 
 from __future__ import annotations
 
+import functools
+import logging
 import re
+from collections.abc import Sequence
 from urllib.parse import unquote
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
+from setproctitle import setproctitle
 
 MASK = "***"
 
@@ -46,7 +50,8 @@ def _written(dsn: str) -> list[str]:
     return [p for p in found if p]
 
 
-def secrets_of(dsn: str | None) -> tuple[set[str], set[str]]:
+@functools.lru_cache(maxsize=64)  # asked for each log line a filter masks
+def secrets_of(dsn: str | None) -> tuple[frozenset[str], frozenset[str]]:
     """(the password as written and decoded, the pieces of it libpq puts in other fields)."""
     whole: set[str] = set()
     pieces: set[str] = set()
@@ -56,7 +61,7 @@ def secrets_of(dsn: str | None) -> tuple[set[str], set[str]]:
             # libpq keeps the first piece as the password (and never shows it): the others
             # become another field's value or the token an error quotes
             pieces.update(p for p in _SPLIT.split(form)[1:] if p)
-    return whole, pieces
+    return frozenset(whole), frozenset(pieces)
 
 
 def hide_password(text: str, *dsns: str | None) -> str:
@@ -92,3 +97,97 @@ def redact(dsn: str) -> str:
     needles = whole | pieces
     shown = {k: MASK if any(n in str(v) for n in needles) else str(v) for k, v in params.items()}
     return " ".join(f"{k}={v}" for k, v in shown.items())
+
+
+def _password_spans(dsn: str) -> list[tuple[int, int]]:
+    """Where the password is written in `dsn` (as _written finds it, quotes and escapes kept)."""
+    spans: list[tuple[int, int]] = []
+    url = _URL.match(dsn)
+    if url is None:
+        for m in _KV_PASSWORD.finditer(dsn):
+            group = 1 if m.group(1) is not None else 2
+            if m.group(group):
+                spans.append(m.span(group))
+        return spans
+    start, rest = url.start(1), url.group(1)
+    authority = rest.split("?", 1)[0]
+    at = authority.rfind("@")
+    colon = authority[: max(at, 0)].find(":")
+    if at >= 0 and 0 <= colon < at - 1:
+        spans.append((start + colon + 1, start + at))
+    spans += [(start + m.start(1), start + m.end(1)) for m in _URL_QUERY_PASSWORD.finditer(rest)]
+    return [s for s in spans if s[1] > s[0]]
+
+
+def mask_dsn(dsn: str) -> str:
+    """`dsn` as written with its password replaced by *** wherever it is given, whether or not
+    the DSN parses: what a process title may show of an argument."""
+    for begin, end in sorted(_password_spans(dsn), reverse=True):
+        dsn = dsn[:begin] + MASK + dsn[end:]
+    return dsn
+
+
+def masked_args(args: Sequence[str], *dsns: str | None) -> list[str] | None:
+    """`args` with the password of each of `dsns` masked where it is given (mask_dsn), for a
+    process title; None when no argument holds one. Bytes that are not UTF-8 (surrogate
+    escapes) are shown escaped."""
+    masked = list(args)
+    for dsn in (d for d in dsns if d):
+        masked = [arg.replace(dsn, mask_dsn(dsn)) for arg in masked]
+    if masked == list(args):
+        return None
+    return [a.encode("utf-8", "backslashreplace").decode("utf-8") for a in masked]
+
+
+# a password this short is masked inside quoted tokens only: anywhere, it would mask words
+_ANYWHERE_MIN = 4
+
+
+def hide_secrets(text: str, *dsns: str | None) -> str:
+    """hide_password, and every whole password of `dsns` (of 4 characters or more) masked
+    wherever it stands, quoted or not: for log lines and tracebacks."""
+    text = hide_password(text, *dsns)
+    for dsn in dsns:
+        whole, _pieces = secrets_of(dsn)
+        for secret in sorted(whole, key=len, reverse=True):
+            if len(secret) >= _ANYWHERE_MIN:
+                text = text.replace(secret, MASK)
+    return text
+
+
+class HidePasswords(logging.Filter):
+    """A logging filter that masks the passwords of `dsns` (hide_secrets) in each record's
+    message and traceback: on a handler, every line it writes; on a logger, its own records."""
+
+    def __init__(self, *dsns: str | None) -> None:
+        super().__init__()
+        self.dsns = [d for d in dsns if d and any(secrets_of(d))]
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not self.dsns:
+            return True
+        try:
+            message = record.getMessage()
+        except Exception:  # a bad format: the handler's formatter reports it, as it would
+            return True
+        masked = hide_secrets(message, *self.dsns)
+        if masked != message:
+            record.msg, record.args = masked, None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = hide_secrets(record.exc_text, *self.dsns)
+        return True
+
+
+def title_without_secrets(
+    args: Sequence[str], dsn: str | None, listen_dsn: str | None, dashboard: str | None
+) -> None:
+    """What `ps -o args` shows: no DSN password (docs/operations.md#secrets-in-titles-and-logs).
+    `dashboard`: the dashboard's URL, its whole title; `run`'s supervisor sets its own title
+    once started."""
+    masked = masked_args(args, dsn, listen_dsn)
+    if dashboard is not None:
+        setproctitle(f"pgq-dashboard {dashboard}")
+    elif masked is not None:
+        setproctitle(" ".join(["pgq-supervisor", *masked]))

@@ -14,6 +14,7 @@ tests/integration/test_schema_dump.py fails until then.
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,11 +25,15 @@ from psycopg import sql
 from psycopg.rows import TupleRow, tuple_row
 
 from pgq_supervisor.db import atomic, wrapped
-from pgq_supervisor.errors import PgqError
+from pgq_supervisor.errors import MigrationLocked, PgqError
+
+log = logging.getLogger(__name__)
 
 _FILE_RE = re.compile(r"^(\d{4})_(\w+)\.sql$")
 # Any constant shared by every pgq_supervisor process: concurrent migrate calls queue on it.
 _LOCK_KEY = 0x70677173  # "pgqs"
+# how long migrate() waits for that lock by default (the setting migrate_lock_timeout)
+DEFAULT_LOCK_TIMEOUT = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,18 +80,37 @@ def applied_versions(conn: psycopg.Connection[TupleRow], schema: str) -> list[in
     return [int(r[0]) for r in rows]
 
 
-def migrate(conn: psycopg.Connection[TupleRow], schema: str) -> list[int]:
+def pending(conn: psycopg.Connection[TupleRow], schema: str) -> list[Migration]:
+    """The migrations `schema` has not applied yet (read only: any role that may read the
+    schema's `schema_version` may ask)."""
+    current = set(applied_versions(conn, schema))
+    return [m for m in available() if m.version not in current]
+
+
+def migrate(
+    conn: psycopg.Connection[TupleRow],
+    schema: str,
+    *,
+    lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+) -> list[int]:
     """Bring `schema` up to the newest migration. Returns the versions applied now.
 
-    Safe to call from many processes at once: they serialise on an advisory lock and the later
-    ones find nothing to do. Everything happens in one `atomic` block (its own transaction on
-    an autocommit connection, else a savepoint in the caller's, which commits it and holds the
-    lock until then): a failing migration leaves the database as it was.
+    With nothing to apply it only reads (`schema_version`): a role without DDL rights, such as
+    a worker's, may call it. Else it is safe to call from many processes at once: they
+    serialise on an advisory lock and the later ones find nothing to do. A session holding
+    that lock longer than `lock_timeout` seconds (0: do not wait) makes it raise
+    MigrationLocked naming the holder; it logs one WARNING naming the holder when it starts
+    to wait. Everything happens in one `atomic` block (its own transaction on an autocommit
+    connection, else a savepoint in the caller's, which commits it and holds the lock until
+    then): a failing migration leaves the database as it was.
     """
+    with atomic(conn):
+        if not pending(conn, schema):
+            return []
     ident = sql.Identifier(schema)
     done: list[int] = []
     with atomic(conn):
-        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
+        _take_lock(conn, lock_timeout)
         conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(ident))
         conn.execute(
             sql.SQL(
@@ -116,6 +140,65 @@ def migrate(conn: psycopg.Connection[TupleRow], schema: str) -> list[int]:
             done.append(mig.version)
         conn.execute("SELECT set_config('search_path', %s, true)", (callers_path,))
     return done
+
+
+# the sessions holding the migration lock (in this database), for the lines that name them
+_HOLDERS = """
+SELECT l.pid, coalesce(a.usename, '?'), coalesce(a.application_name, '')
+FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+  AND l.classid = (%(key)s::bigint >> 32)::oid AND l.objid = (%(key)s::bigint & 4294967295)::oid
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+ORDER BY l.pid
+"""
+
+
+def _holders(conn: psycopg.Connection[TupleRow]) -> str:
+    """Who holds the migration lock: `pid 123 (user app, application_name 'psql')`."""
+    with conn.cursor(row_factory=tuple_row) as cur:
+        rows = cur.execute(_HOLDERS, {"key": _LOCK_KEY}).fetchall()
+    if not rows:
+        return "another session (gone since)"
+    return ", ".join(
+        f"pid {pid} (user {user}, application_name {app!r})" for pid, user, app in rows
+    )
+
+
+def _take_lock(conn: psycopg.Connection[TupleRow], timeout: float) -> None:
+    """The migration lock, for this transaction: at once if free, else waited for up to
+    `timeout` seconds (said once, naming the holder), else MigrationLocked."""
+    with conn.cursor(row_factory=tuple_row) as cur:
+        row = cur.execute("SELECT pg_try_advisory_xact_lock(%s)", (_LOCK_KEY,)).fetchone()
+        if row is not None and row[0]:
+            return
+        holder = _holders(conn)
+        if timeout > 0:
+            log.warning(
+                "waiting up to %g s (migrate_lock_timeout) for the migration lock, held by %s",
+                timeout,
+                holder,
+            )
+            before = cur.execute("SELECT current_setting('lock_timeout')").fetchone()
+            try:
+                with conn.transaction():  # a savepoint: a timeout leaves the block usable
+                    cur.execute(
+                        "SELECT set_config('lock_timeout', %s, true)",
+                        (f"{max(1, round(timeout * 1000))}ms",),
+                    )
+                    cur.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
+                    # the savepoint's release keeps the lock (it is the transaction's) and the
+                    # setting: the caller's own lock_timeout back
+                    cur.execute(
+                        "SELECT set_config('lock_timeout', %s, true)",
+                        (None if before is None else str(before[0]),),
+                    )
+                return
+            except psycopg.errors.LockNotAvailable:
+                holder = _holders(conn)
+        raise MigrationLocked(
+            f"the migration lock is held by {holder}: waited {timeout:g} s for it"
+            " (migrate_lock_timeout, migrate --lock-timeout); nothing applied"
+        )
 
 
 def drop(conn: psycopg.Connection[TupleRow], schema: str) -> None:

@@ -6,7 +6,7 @@ Validated once, at construction; every error names the setting.
 from __future__ import annotations
 
 import os
-from typing import Any, Literal, Self, cast
+from typing import Any, ClassVar, Literal, Self, cast
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
@@ -52,6 +52,10 @@ class Settings(BaseSettings):
         extra="ignore",
         allow_inf_nan=False,  # an infinite interval or timeout is a typo, not a setting
     )
+    # the settings every CLI command takes (the others are `run`'s)
+    EVERY_COMMAND: ClassVar[tuple[str, ...]] = (
+        "dsn", "db_schema", "log_level", "log_format", "max_payload_bytes", "migrate_lock_timeout",
+    )  # fmt: skip
 
     dsn: str | None = Field(
         None, description="PostgreSQL connection string; unset = embedded server (.pgq/pgdata)"
@@ -102,6 +106,13 @@ class Settings(BaseSettings):
     )
     connect_timeout: float = Field(
         15.0, gt=0, le=MAX_DURATION, description="start-up wait for the database"
+    )
+    migrate_lock_timeout: float = Field(
+        60.0,
+        ge=0,
+        le=MAX_DURATION,
+        description="seconds `migrate` waits for the migration lock another session holds;"
+        " 0 = do not wait",
     )
     max_jobs_per_child: int | None = Field(
         None, ge=1, description="recycle a child after this many jobs; unset = never"

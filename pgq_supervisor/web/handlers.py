@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import logging
 import threading
 import uuid
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
@@ -16,6 +17,8 @@ from typing import Literal, TypeVar
 from urllib.parse import quote, unquote, urlencode
 
 import jinja2
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -23,8 +26,9 @@ from starlette.responses import HTMLResponse, PlainTextResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from pgq_supervisor import db
-from pgq_supervisor.errors import JobNotFound
+from pgq_supervisor.errors import InvalidInput, JobNotFound
 from pgq_supervisor.jobs import BundleId, JobId
+from pgq_supervisor.redaction import HidePasswords, hide_password
 from pgq_supervisor.web import views
 from pgq_supervisor.web.csrf import COOKIE as CSRF_COOKIE
 from pgq_supervisor.web.csrf import FIELD as CSRF_FIELD
@@ -48,22 +52,35 @@ T = TypeVar("T")
 
 
 class Store:
-    """The pool, opened on first use (a mounted app gets no lifespan events), and the schema."""
+    """The pool, opened on first use (a mounted app gets no lifespan events), and the schema.
+
+    A pool made from a DSN checks each connection before handing it out and replaces a broken
+    one (a database restart breaks every idle connection: the next request must not answer
+    500), and masks the DSN's password in what psycopg_pool logs. A malformed DSN is refused
+    at once (InvalidInput, password masked) rather than retried by the pool forever."""
 
     def __init__(self, source: str | ConnectionPool, schema: str) -> None:
         self.schema = schema
         self._own = isinstance(source, str)
-        self._pool = (
-            ConnectionPool(
+        self._hide: HidePasswords | None = None
+        if isinstance(source, str):
+            try:
+                conninfo_to_dict(source)
+            except psycopg.ProgrammingError as exc:
+                why = hide_password(str(exc).strip().splitlines()[0], source)
+                raise InvalidInput(f"invalid dsn: {why}") from None
+            self._hide = HidePasswords(source)
+            logging.getLogger("psycopg.pool").addFilter(self._hide)
+            self._pool = ConnectionPool(
                 source,
                 min_size=1,
                 max_size=4,
                 kwargs={"autocommit": True, "application_name": "pgq-dashboard"},
+                check=ConnectionPool.check_connection,
                 open=False,
             )
-            if isinstance(source, str)
-            else source
-        )
+        else:
+            self._pool = source
         self._lock = threading.Lock()
         self._opened = not self._own
 
@@ -83,8 +100,11 @@ class Store:
                 conn.prepare_threshold = before
 
     def close(self) -> None:
-        if self._own and self._opened:
+        if self._own:  # opened, or opening (its attempts stop)
             self._pool.close()
+        if self._hide is not None:
+            logging.getLogger("psycopg.pool").removeFilter(self._hide)
+            self._hide = None
 
 
 class Refused(Exception):

@@ -32,7 +32,7 @@ def child_main(spec: ChildSpec, pipe: Connection, slot: JobSlot) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signals = ChildSignals(slot)  # before booting: a SIGTERM while it boots is a stop too
     signals.install()
-    setup_logging(spec.log_level, spec.log_format)
+    setup_logging(spec.log_level, spec.log_format, hide=[spec.dsn])
     setproctitle(f"pgq-worker[{spec.index}] booting")
     try:
         registry = load_registry(spec.app)

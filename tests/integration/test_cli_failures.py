@@ -208,7 +208,7 @@ MALFORMED = [
 
 @pytest.mark.parametrize("bad", MALFORMED)
 @pytest.mark.parametrize("given", ["flag", "env"])
-@pytest.mark.parametrize("command", [["status"], ["run", "--app", APP]])
+@pytest.mark.parametrize("command", [["status"], ["run", "--app", APP], ["dashboard"]])
 def test_a_malformed_dsn_is_one_line_that_hides_its_password(
     bad: str, given: str, command: list[str]
 ) -> None:

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 
 import psycopg
 import pytest
@@ -10,7 +11,7 @@ from psycopg.conninfo import conninfo_to_dict
 from pgq_supervisor.db import connect, connect_at_startup, describe_connect_error, redact
 from pgq_supervisor.errors import ConfigError, DatabaseError
 from pgq_supervisor.logs import JsonFormatter
-from pgq_supervisor.redaction import hide_password
+from pgq_supervisor.redaction import HidePasswords, hide_password, mask_dsn, masked_args
 from pgq_supervisor.settings import load_settings
 
 
@@ -99,3 +100,51 @@ def test_masking_leaves_other_quoted_tokens_alone() -> None:
     assert hide_password(line, dsn) == line
     assert hide_password('token "hunter2x"', dsn) == 'token "***"'
     assert hide_password("nothing to hide", None) == "nothing to hide"
+
+
+# ---- process titles and log lines (issue 38) ----
+
+TITLE_DSNS = [
+    ("postgresql://app:s3cr%zzet@db/jobs", "postgresql://app:***@db/jobs"),
+    ("postgresql://app:pa@ss@db/jobs", "postgresql://app:***@db/jobs"),
+    (
+        "postgresql://app@db/jobs?ssl=1&password=s3cret",
+        "postgresql://app@db/jobs?ssl=1&password=***",
+    ),
+    (
+        "host=db user=app password=my secret dbname=jobs",
+        "host=db user=app password=*** dbname=jobs",
+    ),
+    ("host=db password='it\\'s s3cret' user=app", "host=db password='***' user=app"),
+    ("host=db password='unterminated", "host=db password='***"),
+    ("host=db user=app dbname=jobs", "host=db user=app dbname=jobs"),
+]
+
+
+@pytest.mark.parametrize(("dsn", "shown"), TITLE_DSNS)
+def test_mask_dsn_masks_the_password_as_written_parsed_or_not(dsn: str, shown: str) -> None:
+    assert mask_dsn(dsn) == shown
+
+
+def test_masked_args_masks_a_dsn_flag_in_either_form_or_says_none() -> None:
+    dsn = "postgresql://app:s3cret@db/jobs"
+    args = ["migrate", "--dsn", dsn, f"--listen-dsn={dsn}", "\udcff"]
+    assert masked_args(args, dsn) == [
+        "migrate", "--dsn", "postgresql://app:***@db/jobs",
+        "--listen-dsn=postgresql://app:***@db/jobs", "\\udcff",
+    ]  # fmt: skip
+    assert masked_args(["status", "--dsn", "host=db"], "host=db") is None
+
+
+def test_the_log_filter_masks_messages_and_tracebacks() -> None:
+    dsn = "postgresql://app:pw@s3cret-part@127.0.0.1/jobs"
+    record = logging.makeLogRecord(
+        {"msg": "error connecting: %s", "args": ('host "s3cret-part@127.0.0.1" unknown',)}
+    )
+    try:
+        raise RuntimeError("dsn was postgresql://app:pw@s3cret-part@127.0.0.1/jobs")
+    except RuntimeError:
+        record.exc_info = sys.exc_info()
+    assert HidePasswords(dsn).filter(record)
+    for line in (logging.Formatter().format(record), JsonFormatter().format(record)):
+        assert "s3cret" not in line and "***" in line, line
