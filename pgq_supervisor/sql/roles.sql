@@ -34,6 +34,7 @@ ALTER DEFAULT PRIVILEGES IN SCHEMA pgq GRANT USAGE, SELECT ON SEQUENCES TO pgq_w
 GRANT SELECT ON ALL TABLES IN SCHEMA pgq TO pgq_producer;
 GRANT INSERT, UPDATE ON pgq.job, pgq.job_bundle, pgq.job_dependency, pgq.fair_cursor,
   pgq.workflow_signal TO pgq_producer;
+GRANT INSERT ON pgq.job_unique TO pgq_producer;  -- an enqueue's unique_key is taken there
 GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA pgq TO pgq_producer;
 GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA pgq TO pgq_producer;
 ALTER DEFAULT PRIVILEGES IN SCHEMA pgq GRANT SELECT ON TABLES TO pgq_producer;
