@@ -8,6 +8,7 @@ import psycopg
 import pytest
 
 from tests.acceptance.apps.pgq_test_app import EFFECTS_DDL
+from tests.acceptance.dashboard import Dashboard
 from tests.support.processes import Supervisor
 
 Conn = psycopg.Connection[tuple[object, ...]]
@@ -28,3 +29,12 @@ def sups() -> Iterator[list[Supervisor]]:
     yield started
     for s in started:
         s.close()
+
+
+@pytest.fixture
+def started() -> Iterator[list[Dashboard]]:
+    """The real dashboard commands a test starts (append them): each closed after it."""
+    out: list[Dashboard] = []
+    yield out
+    for dash in out:
+        dash.close()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import re
 import signal
-from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -18,14 +17,6 @@ from tests.support.processes import run_cli
 from tests.support.waiting import wait_for
 
 CREDENTIALS = {"PGQ_DASHBOARD_USER": "oncall", "PGQ_DASHBOARD_PASSWORD": "s3cret"}
-
-
-@pytest.fixture
-def started() -> Iterator[list[Dashboard]]:
-    out: list[Dashboard] = []
-    yield out
-    for dash in out:
-        dash.close()
 
 
 def _start(started: list[Dashboard], dsn: str, *args: str, **env: str) -> Dashboard:

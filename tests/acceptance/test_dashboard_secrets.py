@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import subprocess
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from urllib.parse import quote
 
 import httpx
@@ -50,14 +50,6 @@ def _ps_args(pid: int) -> str:
     return subprocess.run(
         ["ps", "-o", "args=", "-p", str(pid)], capture_output=True, text=True, check=True
     ).stdout.strip()
-
-
-@pytest.fixture
-def started() -> Iterator[list[Dashboard]]:
-    out: list[Dashboard] = []
-    yield out
-    for dash in out:
-        dash.close()
 
 
 @pytest.mark.parametrize(("shape", "make"), SHAPES, ids=[s for s, _ in SHAPES])

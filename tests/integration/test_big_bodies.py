@@ -18,8 +18,8 @@ from pgq_supervisor.db import Conn
 from pgq_supervisor.display import SHOWN_CHARS
 from pgq_supervisor.jobs import JobId, JsonValue
 from pgq_supervisor.jsontext import MAX_PAYLOAD_ENV
-from pgq_supervisor.web import create_app
 from tests.integration.test_admin_cli import cli, ok, ok_json
+from tests.support.web import dashboard_client
 
 PAYLOAD: JsonValue = {"rows": [{"n": i, "text": "x" * 90} for i in range(20_000)]}  # ~2.3 MB
 RESULT: JsonValue = {"lines": ["y" * 100] * 10_000}  # ~1 MB
@@ -40,10 +40,8 @@ def big_job(conn: Conn, monkeypatch: pytest.MonkeyPatch) -> JobId:
 
 @pytest.fixture
 def client(dsn: str) -> Iterator[TestClient]:
-    app = create_app(dsn)
-    with TestClient(app) as c:
+    with dashboard_client(dsn) as c:
         yield c
-    app.state.pgq_close()
 
 
 def test_show_cuts_a_large_payload_and_result_and_full_prints_them(

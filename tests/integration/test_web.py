@@ -24,6 +24,7 @@ from pgq_supervisor.web.app import Action
 from pgq_supervisor.web.csrf import WRONG_TOKEN
 from tests.readme import doc_texts
 from tests.support.db import SCHEMA, claim, claim_one, count_rows, get
+from tests.support.web import dashboard_client
 
 CSRF_RE = re.compile(r'name="csrf" value="([^"]+)"')
 
@@ -49,10 +50,8 @@ def fail_job(conn: Conn, type_: str = "t", payload: JsonValue = None) -> JobId:
 @pytest.fixture
 def client(dsn: str) -> Iterator[TestClient]:
     """A client of a dashboard whose actions are open (these tests are about the actions)."""
-    app = create_app(dsn, allow_unauthenticated_actions=True)
-    with TestClient(app) as c:
+    with dashboard_client(dsn, open_actions=True) as c:
         yield c
-    app.state.pgq_close()
 
 
 def csrf_of(client: TestClient, path: str = "/") -> str:

@@ -20,9 +20,9 @@ from pgq_supervisor import db
 from pgq_supervisor.db import Conn
 from pgq_supervisor.jobs import NewJob, check_type_name
 from pgq_supervisor.periodic import Schedule
-from pgq_supervisor.web import create_app
 from tests.integration.test_web import csrf_of, fail_job
 from tests.support.db import SCHEMA
+from tests.support.web import dashboard_client
 
 # one of each class of character the alphabet accepts that means something in a URL or HTML
 NAMES = [
@@ -54,10 +54,8 @@ def test_the_alphabet_is_decided_in_check_type_name() -> None:
 
 @pytest.fixture
 def client(dsn: str) -> Iterator[TestClient]:
-    app = create_app(dsn, allow_unauthenticated_actions=True)
-    with TestClient(app) as c:
+    with dashboard_client(dsn, open_actions=True) as c:
         yield c
-    app.state.pgq_close()
 
 
 def _type_links(text: str) -> dict[str, str]:

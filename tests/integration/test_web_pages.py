@@ -19,18 +19,16 @@ from pgq_supervisor.db import Conn
 from pgq_supervisor.jobs import AttemptKind, JobId, JobState, NewJob
 from pgq_supervisor.periodic import Schedule
 from pgq_supervisor.supervisor.maintenance.scheduler import Scheduler
-from pgq_supervisor.web import create_app
 from tests.integration.test_admin_cli import cli, ok
 from tests.integration.test_web import csrf_of, fail_job
 from tests.support.db import SCHEMA, claim, claim_one, count_rows, get
+from tests.support.web import dashboard_client
 
 
 @pytest.fixture
 def client(dsn: str) -> Iterator[TestClient]:
-    app = create_app(dsn, allow_unauthenticated_actions=True)
-    with TestClient(app) as c:
+    with dashboard_client(dsn, open_actions=True) as c:
         yield c
-    app.state.pgq_close()
 
 
 def _cell(html: str, id_: str) -> str:

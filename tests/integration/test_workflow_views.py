@@ -13,8 +13,8 @@ import pgq_supervisor as pgq
 from pgq_supervisor import testing
 from pgq_supervisor.db import Conn
 from pgq_supervisor.supervisor.metrics import Metrics, QueueMetrics
-from pgq_supervisor.web import create_app
 from tests.support.processes import run_cli
+from tests.support.web import dashboard_client
 
 
 def _registry() -> pgq.Registry:
@@ -57,10 +57,8 @@ def test_show_lists_the_steps_and_the_current_wait(dsn: str, waiting: pgq.JobId)
 
 @pytest.fixture
 def client(dsn: str) -> Iterator[TestClient]:
-    app = create_app(dsn)
-    with TestClient(app) as c:
+    with dashboard_client(dsn) as c:
         yield c
-    app.state.pgq_close()
 
 
 def test_the_job_page_lists_the_steps(client: TestClient, waiting: pgq.JobId) -> None:
