@@ -148,7 +148,7 @@ def test_migrating_gives_the_unfinished_jobs_their_keys(
             " ('00000000-0000-0000-0000-000000000002', 't', '{}', 'd', 'cancelled', now()),"
             " ('00000000-0000-0000-0000-000000000003', 't', '{}', NULL, 'pending', NULL)"
         )
-        assert pgq.migrate(c, schema="pgq") == [m.version for m in schema.available()][-1:]
+        assert pgq.migrate(c, schema="pgq") == [m.version for m in schema.available()][26:]
         assert holders(c) == {"p": "00000000-0000-0000-0000-000000000001"}
 
 
