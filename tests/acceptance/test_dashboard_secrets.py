@@ -9,7 +9,7 @@ import logging
 import subprocess
 import threading
 from collections.abc import Callable
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import httpx
 import psycopg
@@ -27,17 +27,23 @@ from tests.support.waiting import wait_for
 SECRET = "s3cret-Pw"
 
 
-def _url(dsn: str, password: str) -> str:
+def _url(dsn: str, password: str | None = None, query_password: str | None = None) -> str:
+    """The suite's database as a URL (host and port as query parameters: the embedded
+    server's host is a socket directory, with no port), the password where the shape puts it."""
     p = conninfo_to_dict(dsn)
-    where = f"{p['host']}:{p['port']}/{p['dbname']}"
-    return f"postgresql://{p['user']}:{quote(password, safe='')}@{where}"
+    query = {k: str(p[k]) for k in ("host", "port") if p.get(k)}
+    if query_password is not None:
+        query["password"] = query_password
+    user = str(p.get("user") or "postgres")
+    userinfo = user if password is None else f"{user}:{quote(password, safe='')}"
+    return f"postgresql://{userinfo}@/{p['dbname']}?{urlencode(query)}"
 
 
 # each DSN shape names the suite's database (trust auth: the password is sent to no one)
 SHAPES: list[tuple[str, Callable[[str], str]]] = [
     ("url", lambda dsn: _url(dsn, SECRET + "@x")),
     ("key-value", lambda dsn: make_conninfo(dsn, password=f"{SECRET} 'q")),
-    ("url-query", lambda dsn: _url(dsn, "").replace(":@", "@") + f"?password={SECRET}"),
+    ("url-query", lambda dsn: _url(dsn, query_password=SECRET)),
 ]
 
 
