@@ -132,15 +132,13 @@ def enqueue(conn: Conn, schema: str, job: NewJob) -> JobId:
 
 def _enqueue_one(conn: Conn, schema: str, job: NewJob, params: EnqueueRow) -> JobId:
     with wrapped():
-        if job.unique_key is None:
-            conn.execute(statement("enqueue", schema), params)
-            return JobId(params["id"])
         with cursor(conn, scalar_row) as cur:
             inserted: uuid.UUID | None = cur.execute(
-                statement("enqueue_unique", schema), params
+                statement("enqueue", schema), params
             ).fetchone()
         if inserted is not None:
             return JobId(inserted)
+        # no row: the job's unique_key is held (a job without one is always inserted)
         return _existing_for_keys(conn, schema, [job.unique_key])[0]
 
 
@@ -162,11 +160,8 @@ async def _enqueue_one_async(
     conn: AsyncConn, schema: str, job: NewJob, params: EnqueueRow
 ) -> JobId:
     with wrapped():
-        if job.unique_key is None:
-            await conn.execute(statement("enqueue", schema), params)
-            return JobId(params["id"])
         async with cursor_async(conn, scalar_row) as cur:
-            await cur.execute(statement("enqueue_unique", schema), params)
+            await cur.execute(statement("enqueue", schema), params)
             inserted: uuid.UUID | None = await cur.fetchone()
         if inserted is not None:
             return JobId(inserted)

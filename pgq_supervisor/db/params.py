@@ -56,7 +56,7 @@ def id_floor(at: datetime) -> uuid.UUID:
 
 
 class EnqueueRow(TypedDict):
-    """`enqueue` and `enqueue_unique` (the first ignores unique_key)."""
+    """`enqueue`: one job."""
 
     id: uuid.UUID
     type: str
@@ -354,7 +354,6 @@ class SchemaNameParams(TypedDict):
 
 PARAMS: dict[str, type] = {
     "enqueue": EnqueueRow,
-    "enqueue_unique": EnqueueRow,
     "enqueue_many": EnqueueManyParams,
     "enqueue_copy": NoParams,
     "unfinished_by_unique_keys": UniqueKeysParams,

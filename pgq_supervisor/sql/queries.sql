@@ -2,20 +2,10 @@
 -- schema identifier (psycopg.sql); parameters are %(name)s placeholders.
 
 -- name: enqueue
--- One job without a unique_key: a plain insert (ON CONFLICT costs a speculative insertion).
--- A job with dependencies goes in waiting (waiting_on > 0: out of the claim's index) until
--- link_dependencies counts them.
-INSERT INTO {schema}.job (id, type, payload, priority, start_at, max_retry_count, origin, timeout,
-                          depends_on, on_dependency_failure, waiting_on, concurrency_key, tenant,
-                          trace_context)
-VALUES (%(id)s, %(type)s, %(payload)s, %(priority)s, coalesce(%(start_at)s, now()),
-        %(max_retry_count)s, %(origin)s, %(timeout)s, %(depends_on)s::uuid[],
-        %(on_dependency_failure)s, coalesce(cardinality(%(depends_on)s::uuid[]), 0),
-        %(concurrency_key)s, %(tenant)s, %(trace_context)s)
-
--- name: enqueue_unique
--- One job. A unique_key already held by an unfinished job makes this insert nothing (the
--- trigger job_unique_take of schema/0027 takes the key, or drops the row).
+-- One job. A unique_key already held by an unfinished job makes this insert nothing and return
+-- no row (the trigger job_unique_take of schema/0027 takes the key, or drops the row; it does
+-- not fire for a job without a key). A job with dependencies goes in waiting (waiting_on > 0:
+-- out of the claim's index) until link_dependencies counts them.
 INSERT INTO {schema}.job (id, type, payload, priority, start_at, max_retry_count, unique_key,
                           origin, timeout, depends_on, on_dependency_failure, waiting_on,
                           concurrency_key, tenant, trace_context)
