@@ -19,6 +19,7 @@ from typing import TypeVar
 from pgq_supervisor.connect import open_db
 from pgq_supervisor.coverage import Coverage, read_coverage
 from pgq_supervisor.db.health import Health, read_health
+from pgq_supervisor.display import plural
 from pgq_supervisor.errors import InvalidInput
 from pgq_supervisor.settings import Settings, parse_duration
 from pgq_supervisor.vacuum import MAX_TRANSACTION_AGE, MAX_XMIN_AGE, Finding, diagnose, mib
@@ -86,7 +87,8 @@ def _lines(health: Health, findings: list[Finding], schema: str, cover: Coverage
         manual = t.last_vacuum.isoformat(timespec="seconds") if t.last_vacuum else "never"
         out += [
             f"job table {schema}.job: {t.live_tuples:,} live, {t.dead_tuples:,} dead row"
-            f" versions; {mib(t.total_bytes)} with indexes ({mib(t.table_bytes)} heap)",
+            f" versions; {mib(t.total_bytes)} with indexes ({mib(t.table_bytes)} heap), in"
+            f" {plural(t.partitions, 'partition')}",
             f"  last autovacuum {last} ({t.autovacuum_count} in all), last VACUUM {manual}",
             f"  table options: {', '.join(t.options) or 'none (the server defaults)'}",
         ]

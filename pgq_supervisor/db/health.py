@@ -58,7 +58,8 @@ class JobTable:
     last_vacuum: datetime | None
     last_autovacuum: datetime | None
     autovacuum_count: int
-    options: list[str]  # the table's own settings (ALTER TABLE ... SET (...))
+    options: list[str]  # the settings its partitions are made with (ALTER TABLE ... SET (...))
+    partitions: int  # schema/0029: job is range-partitioned by id; the figures are their sums
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -106,7 +106,12 @@ RETURNING id, type, origin, num_jobs, num_jobs_stopped, on_complete, created_at,
 -- pinned and merging in the delayed jobs come due from job_delayed_idx. The update then finds
 -- them by primary key (a join to a CTE here made the planner hash-join a sequential scan of the
 -- whole table). A job enqueued without max_retry_count gets its handler's default here.
-WITH claimed AS (
+WITH picked AS MATERIALIZED (
+    SELECT ARRAY(SELECT u FROM unnest({schema}.claim_pick(%(types)s::text[], %(limit)s::int,
+                                                          %(lease)s::uuid)) u
+                 ORDER BY u) AS ids
+),
+claimed AS (
     UPDATE {schema}.job j
     SET state = 'running', started_at = now(), worker_alive_at = now(), worker_id = %(worker_id)s,
         lease = %(lease)s, updated_at = now(),
@@ -121,8 +126,9 @@ WITH claimed AS (
     -- spelled through the timestamps (the CHECKs make "never started, never stopped" mean
     -- pending) because `state = 'pending'` lets the planner walk the whole job_claim_idx
     -- instead of the primary key (PostgreSQL 18 did).
-    WHERE j.id = ANY((SELECT {schema}.claim_pick(%(types)s::text[], %(limit)s::int,
-                                                 %(lease)s::uuid))::uuid[])
+    WHERE j.id = ANY((SELECT p.ids FROM picked p)::uuid[])
+      AND j.id BETWEEN (SELECT p.ids[1] FROM picked p)
+                   AND (SELECT p.ids[cardinality(p.ids)] FROM picked p)
       AND j.started_at IS NULL AND j.stopped_at IS NULL
     RETURNING j.id, j.type, j.payload, j.priority, j.current_retry_count + 1 AS attempt,
               j.max_retry_count, j.timeout, j.bundle_id, j.lease, j.created_at,
@@ -217,6 +223,7 @@ updated AS (
         result = r.result, error_msg = NULL, error_data = NULL, updated_at = now()
     FROM unnest(%(ids)s::uuid[], %(results)s::jsonb[]) AS r(id, result)
     WHERE j.id = r.id AND j.state = 'running' AND j.lease = %(done_lease)s
+      AND j.id BETWEEN (%(ids)s::uuid[])[1] AND (%(ids)s::uuid[])[cardinality(%(ids)s::uuid[])]
       AND j.id <> ALL(ARRAY(SELECT g.id FROM gone g))
       AND (SELECT count(*) FROM waiting) >= 0
     RETURNING j.id
@@ -265,6 +272,7 @@ updated AS (
         result = r.result, error_msg = NULL, error_data = NULL, updated_at = now()
     FROM unnest(%(ids)s::uuid[], %(results)s::jsonb[]) AS r(id, result)
     WHERE j.id = r.id AND j.state = 'running' AND j.lease = %(done_lease)s
+      AND j.id BETWEEN (%(ids)s::uuid[])[1] AND (%(ids)s::uuid[])[cardinality(%(ids)s::uuid[])]
       AND j.id <> ALL(ARRAY(SELECT g.id FROM gone g))
       AND (SELECT count(*) FROM waiting) >= 0
     RETURNING j.id
@@ -278,6 +286,12 @@ sent AS (
           FROM (SELECT id, (row_number() OVER () - 1) / 200 AS chunk FROM done) k
           GROUP BY k.chunk) c
 ),
+picked AS MATERIALIZED (
+    SELECT ARRAY(SELECT u FROM unnest({schema}.claim_pick(%(types)s::text[], %(limit)s::int,
+                                                          %(lease)s::uuid)) u
+                 ORDER BY u) AS ids
+    WHERE (SELECT count(*) FROM done) >= 0
+),
 claimed AS (
     UPDATE {schema}.job j
     SET state = 'running', started_at = now(), worker_alive_at = now(), worker_id = %(worker_id)s,
@@ -285,15 +299,15 @@ claimed AS (
         max_retry_count = coalesce(
             j.max_retry_count,
             (%(max_retry_counts)s::int[])[array_position(%(types)s::text[], j.type)])
-    -- `WHERE (SELECT count(*) FROM done) >= 0`, always true, runs the completion before
+    -- `WHERE (SELECT count(*) FROM done) >= 0` (in `picked`), always true, runs the completion before
     -- claim_pick: a volatile function sees what its calling statement has written so far, so
     -- a concurrency limit counts the jobs completed here as finished and their slots as free
     -- (counted as running, a full batch under a limit came back as a sliver of one, or empty).
     -- The dependents the completion releases are released by an AFTER trigger, at the end of
     -- the statement: this claim does not see them, and updates no row a trigger has changed.
-    WHERE j.id = ANY((SELECT {schema}.claim_pick(%(types)s::text[], %(limit)s::int,
-                                                 %(lease)s::uuid)
-                      WHERE (SELECT count(*) FROM done) >= 0)::uuid[])
+    WHERE j.id = ANY((SELECT p.ids FROM picked p)::uuid[])
+      AND j.id BETWEEN (SELECT p.ids[1] FROM picked p)
+                   AND (SELECT p.ids[cardinality(p.ids)] FROM picked p)
       AND j.started_at IS NULL AND j.stopped_at IS NULL
     RETURNING j.id, j.type, j.payload, j.priority, j.current_retry_count + 1 AS attempt,
               j.max_retry_count, j.timeout, j.bundle_id, j.lease, j.created_at,
@@ -1228,16 +1242,23 @@ FROM pg_catalog.pg_prepared_xacts p
 ORDER BY p.prepared
 
 -- name: health_table
--- The job table's vacuum state: the statistics collector's counts (approximate), its size with
--- indexes and TOAST, its last vacuum of each kind, and its own autovacuum options.
-SELECT s.n_live_tup::bigint AS live_tuples, s.n_dead_tup::bigint AS dead_tuples,
-       pg_total_relation_size(c.oid)::bigint AS total_bytes,
-       pg_relation_size(c.oid)::bigint AS table_bytes,
-       s.last_vacuum, s.last_autovacuum, s.autovacuum_count::bigint AS autovacuum_count,
-       coalesce(c.reloptions, ARRAY[]::text[]) AS options
-FROM pg_catalog.pg_class c
+-- The job table's vacuum state, summed over its partitions (schema/0029): the statistics
+-- collector's counts (approximate), its size with indexes and TOAST, its last vacuum of each
+-- kind, and the autovacuum options its partitions are made with (the default partition's).
+SELECT sum(s.n_live_tup)::bigint AS live_tuples, sum(s.n_dead_tup)::bigint AS dead_tuples,
+       sum(pg_total_relation_size(c.oid))::bigint AS total_bytes,
+       sum(pg_relation_size(c.oid))::bigint AS table_bytes,
+       max(s.last_vacuum) AS last_vacuum, max(s.last_autovacuum) AS last_autovacuum,
+       sum(s.autovacuum_count)::bigint AS autovacuum_count,
+       coalesce((SELECT d.reloptions FROM pg_catalog.pg_class d
+                 WHERE d.oid = to_regclass(format('%%I.job_default', %(schema)s::text))),
+                ARRAY[]::text[]) AS options,
+       count(*)::int AS partitions
+FROM pg_catalog.pg_partition_tree(format('%%I.job', %(schema)s::text)::regclass) t
+JOIN pg_catalog.pg_class c ON c.oid = t.relid
 JOIN pg_catalog.pg_stat_all_tables s ON s.relid = c.oid
-WHERE c.relname = 'job' AND c.relnamespace = %(schema)s::regnamespace
+WHERE t.isleaf
+HAVING count(*) > 0
 
 -- name: health_settings
 -- The server's autovacuum settings, and the timeouts that end forgotten transactions.
@@ -1354,7 +1375,8 @@ SELECT c.relname AS name,
                                  'CONSTRAINT ' || quote_ident(o.conname) || ' '
                                  || pg_get_constraintdef(o.oid, true)
                           FROM pg_constraint o
-                          WHERE o.conrelid = c.oid AND o.contype <> 'n') l), '')
+                          WHERE o.conrelid = c.oid AND o.contype <> 'n'
+                            AND o.conparentid = 0) l), '')  -- not a partition's own copy
        || E'\n)'
        || CASE WHEN c.relkind = 'p' THEN ' PARTITION BY ' || pg_get_partkeydef(c.oid) ELSE '' END
        || coalesce(E'\nWITH (' || array_to_string(c.reloptions, ', ') || ')', '') || ';'
@@ -1362,6 +1384,7 @@ SELECT c.relname AS name,
 FROM pg_class c
 JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE n.nspname = %(schema)s AND c.relkind IN ('r', 'p')
+  AND NOT c.relispartition  -- job's partitions are named by date: their parent shows them
 ORDER BY c.relname COLLATE "C"
 
 -- name: schema_dump_indexes
@@ -1375,7 +1398,7 @@ FROM pg_index x
 JOIN pg_class i ON i.oid = x.indexrelid
 JOIN pg_class t ON t.oid = x.indrelid
 JOIN pg_namespace n ON n.oid = i.relnamespace
-WHERE n.nspname = %(schema)s
+WHERE n.nspname = %(schema)s AND NOT t.relispartition
   AND NOT EXISTS (SELECT FROM pg_constraint o WHERE o.conrelid = x.indrelid
                   AND o.conindid = x.indexrelid AND o.contype IN ('p', 'u', 'x'))
 ORDER BY t.relname COLLATE "C", i.relname COLLATE "C"
@@ -1386,7 +1409,7 @@ SELECT g.tgname AS name, pg_get_triggerdef(g.oid, true) || ';' AS definition
 FROM pg_trigger g
 JOIN pg_class t ON t.oid = g.tgrelid
 JOIN pg_namespace n ON n.oid = t.relnamespace
-WHERE n.nspname = %(schema)s AND NOT g.tgisinternal
+WHERE n.nspname = %(schema)s AND NOT g.tgisinternal AND NOT t.relispartition
 ORDER BY t.relname COLLATE "C", g.tgname COLLATE "C"
 
 -- name: schema_dump_views
