@@ -71,6 +71,7 @@ RUN_FLAGS = {
     "--metrics-host": "metrics_host",
     "--retain-succeeded": "retain_succeeded",
     "--retain-failed": "retain_failed",
+    "--partition-interval": "partition_interval",
     "--summary-interval": "summary_interval",
     "--max-payload-bytes": "max_payload_bytes",
 }

@@ -178,6 +178,15 @@ class Settings(BaseSettings):
         le=MAX_DURATION,
         description="keep failed and cancelled jobs this long (7d, ...); forever = keep all",
     )
+    # A day: few partitions (each statement over job plans every one of them), and a drop a
+    # day. An hour for a high rate or short windows: a partition leaves sooner after its jobs.
+    partition_interval: float = Field(
+        86400.0,
+        ge=60,
+        le=MAX_DURATION,
+        description="enqueue times one partition of the job table spans (1d, 1h, ...);"
+        " retention drops whole partitions",
+    )
     summary_interval: float = Field(
         10.0,
         gt=0,
@@ -256,6 +265,11 @@ class Settings(BaseSettings):
     def _duration(cls, value: object) -> object:
         if isinstance(value, str) and value.strip().lower() in KEEP_FOREVER:
             return None
+        return parse_duration(value) if isinstance(value, str) else value
+
+    @field_validator("partition_interval", mode="before")
+    @classmethod
+    def _interval(cls, value: object) -> object:
         return parse_duration(value) if isinstance(value, str) else value
 
     @field_validator("log_level", "log_format", "connection_budget", mode="before")

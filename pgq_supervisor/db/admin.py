@@ -17,6 +17,7 @@ from pgq_supervisor.db.params import (
     ListJobsParams,
     OlderThanParams,
     OriginParams,
+    PruneFinishedParams,
     ResetParams,
     TypeFilterParams,
 )
@@ -101,11 +102,15 @@ def delete_finished(
     states: Sequence[JobState],
     batch: int = 5000,
     max_rows: int | None = None,
+    *,
+    zone: float | None = None,
 ) -> int:
     """Delete finished jobs in batches, each in its own transaction when autocommit is on.
 
     Stops after about `max_rows` (whole batches) when given, so a caller with a loop to keep
-    can bound how long one call takes; a result >= max_rows means more may be left.
+    can bound how long one call takes; a result >= max_rows means more may be left. With
+    `zone` (seconds), the jobs made in the last `zone` seconds are left to their partitions'
+    drop (the `prune_finished` statement), but those of the default partition.
     """
     total = 0
     params: DeleteFinishedParams = {
@@ -113,10 +118,14 @@ def delete_finished(
         "older_than": older_than,
         "limit": batch,
     }
+    query = statement("delete_finished", schema)
+    if zone is not None:
+        zoned: PruneFinishedParams = {**params, "zone": zone, "schema": schema}
+        params, query = zoned, statement("prune_finished", schema)
     bundles: OlderThanParams = {"older_than": older_than}
     with wrapped():
         while True:
-            n = conn.execute(statement("delete_finished", schema), params).rowcount
+            n = conn.execute(query, params).rowcount
             total += max(n, 0)
             if n < batch or (max_rows is not None and total >= max_rows):
                 break

@@ -237,6 +237,27 @@ class OlderThanParams(TypedDict):
     older_than: float
 
 
+class PruneFinishedParams(DeleteFinishedParams):
+    zone: float
+    schema: str
+
+
+class PartitionEnsureParams(TypedDict):
+    interval: float
+    ahead: int
+
+
+class PartitionCleanParams(TypedDict):
+    succeeded: float | None
+    failed: float | None
+    after: uuid.UUID | None
+
+
+class PartitionExpireParams(PartitionCleanParams):
+    max_carry: int
+    lock_timeout: float
+
+
 class OriginParams(TypedDict):
     origin: str
 
@@ -383,6 +404,10 @@ PARAMS: dict[str, type] = {
     "list_jobs": ListJobsParams,
     "delete_finished": DeleteFinishedParams,
     "delete_empty_bundles": OlderThanParams,
+    "prune_finished": PruneFinishedParams,
+    "partition_ensure": PartitionEnsureParams,
+    "partition_clean": PartitionCleanParams,
+    "partition_expire": PartitionExpireParams,
     "queue_stats": NoParams,
     "active_stats": NoParams,
     "depth": DepthParams,

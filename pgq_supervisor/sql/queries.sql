@@ -554,6 +554,37 @@ WHERE id = ANY(ARRAY(
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED))
 
+-- name: prune_finished
+-- The supervisor's retention: delete_finished, but for the jobs of the partitions that will
+-- leave whole (schema/0029: those of the drop zone, ids made in the last `zone` seconds),
+-- which job_partition_expire drops instead. What is left to rows: the default partition's jobs
+-- (carried from a dropped partition, or with an id outside every range) and those of a
+-- partition older than the zone that a job still to run holds back.
+DELETE FROM {schema}.job
+WHERE id = ANY(ARRAY(
+    SELECT id FROM {schema}.job
+    WHERE state = ANY(%(states)s::{schema}.job_state[])
+      AND stopped_at < now() - make_interval(secs => %(older_than)s)
+      AND (id < {schema}.id_floor(now() - make_interval(secs => %(zone)s))
+           OR tableoid = to_regclass(format('%%I.job_default', %(schema)s::text)))
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED))
+
+-- name: partition_ensure
+-- The partitions of the next `ahead` intervals (schema/0029); NULL: another supervisor has it.
+SELECT {schema}.job_partition_ensure(make_interval(secs => %(interval)s), %(ahead)s)
+
+-- name: partition_clean
+SELECT partition, outcome, hi, 0 AS carried
+FROM {schema}.job_partition_clean(make_interval(secs => %(succeeded)s::float8),
+                                  make_interval(secs => %(failed)s::float8), %(after)s::uuid)
+
+-- name: partition_expire
+SELECT partition, outcome, carried, hi
+FROM {schema}.job_partition_expire(make_interval(secs => %(succeeded)s::float8),
+                                   make_interval(secs => %(failed)s::float8), %(max_carry)s,
+                                   make_interval(secs => %(lock_timeout)s), %(after)s::uuid)
+
 -- name: delete_empty_bundles
 DELETE FROM {schema}.job_bundle b
 WHERE b.num_jobs = 0 AND b.created_at < now() - make_interval(secs => %(older_than)s)

@@ -12,7 +12,7 @@ from pgq_supervisor.vacuum import MAX_XMIN_AGE, diagnose, oldest_transaction
 TABLE = JobTable(
     live_tuples=100_000, dead_tuples=5_000, total_bytes=2**30, table_bytes=2**29,
     last_vacuum=None, last_autovacuum=datetime(2026, 1, 1, tzinfo=UTC), autovacuum_count=3,
-    options=[],
+    options=[], partitions=3,
 )  # fmt: skip
 ON = [Setting("autovacuum", "on")]
 

@@ -21,6 +21,8 @@ they share.
     vacuum-health  30 s                              VacuumHealth: the pgq_vacuum_* gauges (only
                                                      when metrics are served)
     prune          60 s; poll_interval while behind  Pruner: finished jobs past retention
+    partitions     60 s ± 20 %                       Partitions: the job table's partitions
+                                                     made ahead, dropped whole when done
     activity       summary_interval                  ActivitySummary: the INFO line of ended jobs
     unserved       5 x poll_interval ± 20 %          UnservedWatch: warn once about a type
                                                      enqueued that no live supervisor serves
@@ -61,6 +63,7 @@ from pgq_supervisor.supervisor.maintenance.activity import ActivitySummary
 from pgq_supervisor.supervisor.maintenance.aging import Ager
 from pgq_supervisor.supervisor.maintenance.floors import LOOK_EVERY as FLOOR_EVERY
 from pgq_supervisor.supervisor.maintenance.floors import ClaimFloors
+from pgq_supervisor.supervisor.maintenance.partitions import PARTITIONS_EVERY, Partitions
 from pgq_supervisor.supervisor.maintenance.rescuer import LOOK_EVERY, Rescuer
 from pgq_supervisor.supervisor.maintenance.retention import PRUNE_EVERY, Pruner
 from pgq_supervisor.supervisor.maintenance.scheduler import Scheduler
@@ -241,7 +244,8 @@ class Services:
     """What the timers run, apart from their timers; built from the settings or given by a
     test. `queue_metrics` is None when no metrics are served (the gauges are read only by a
     scrape, and their queries read every pending and running row), `pruner` when nothing is
-    to be pruned, `scheduler` when there are no schedules to run."""
+    to be pruned, `scheduler` when there are no schedules to run, `partitions` when a test
+    leaves the job table's partitions alone."""
 
     rescuer: Rescuer
     queue_metrics: QueueMetrics | None
@@ -250,6 +254,7 @@ class Services:
     scheduler: Scheduler | None = None
     vacuum: VacuumHealth | None = None
     unserved: UnservedWatch | None = None
+    partitions: Partitions | None = None
 
     @classmethod
     def from_settings(
@@ -284,6 +289,7 @@ class Services:
                 if types
                 else None
             ),
+            partitions=Partitions.from_settings(settings),
         )
 
 
@@ -399,6 +405,12 @@ def maintenance_timers(
         timers.append(Timer("vacuum-health", refresh(services.vacuum), EVERY))
     if services.pruner is not None:
         timers.append(Timer("prune", prune(services.pruner), PRUNE_EVERY, jitter=0.0))
+    if (parts := services.partitions) is not None:
+
+        def partition(now: float) -> None:
+            control.run(parts.run_once)
+
+        timers.append(Timer("partitions", partition, PARTITIONS_EVERY))
     if services.scheduler is not None:
         timers.append(Timer("periodic", periodic(services.scheduler), poll))
     if (watch := services.unserved) is not None:

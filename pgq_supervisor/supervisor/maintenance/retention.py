@@ -8,6 +8,11 @@ prune at once: rows another pruner holds are skipped.
 One round deletes at most `max_rows` per window, in batches of `batch` rows (one short
 transaction each), so a round never stalls its caller for long; `PruneResult.more` says the
 round stopped at that bound and another round should follow soon.
+
+With a `zone` (the supervisor's: partitions.drop_zone), the finished jobs made in the last
+`zone` seconds are left to their partition, which leaves whole (partitions.py); the pruner
+deletes the rest: the default partition's jobs and those a partition held back by a job still
+to run kept past the zone.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from dataclasses import dataclass
 from pgq_supervisor import db
 from pgq_supervisor.jobs import JobState
 from pgq_supervisor.settings import Settings
+from pgq_supervisor.supervisor.maintenance.partitions import drop_zone
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +55,7 @@ class Pruner:
         *,
         batch: int = 5000,
         max_rows: int = 20_000,
+        zone: float | None = None,
     ) -> None:
         for name, window in (
             ("retain_succeeded", retain_succeeded),
@@ -63,13 +70,19 @@ class Pruner:
         self.retain_failed = retain_failed
         self.batch = batch
         self.max_rows = max_rows
+        self.zone = zone
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Pruner | None:
         """The pruner the settings ask for, or None when nothing is to be pruned."""
         if settings.retain_succeeded is None and settings.retain_failed is None:
             return None
-        return cls(settings.db_schema, settings.retain_succeeded, settings.retain_failed)
+        return cls(
+            settings.db_schema,
+            settings.retain_succeeded,
+            settings.retain_failed,
+            zone=drop_zone(settings.retain_succeeded, settings.partition_interval),
+        )
 
     def run_once(self, conn: db.Conn) -> PruneResult:
         """One round on an autocommit connection. Raises DatabaseError if the database fails
@@ -95,5 +108,11 @@ class Pruner:
 
     def _delete(self, conn: db.Conn, older_than: float, states: list[JobState]) -> int:
         return db.delete_finished(
-            conn, self.schema, older_than, states, batch=self.batch, max_rows=self.max_rows
+            conn,
+            self.schema,
+            older_than,
+            states,
+            batch=self.batch,
+            max_rows=self.max_rows,
+            zone=self.zone,
         )

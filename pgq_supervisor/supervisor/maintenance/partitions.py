@@ -1,0 +1,128 @@
+"""Partitions of the job table (schema/0029): made ahead of the enqueue times that need them,
+and dropped whole once every job in them is finished and past its retention window.
+
+One round (every PARTITIONS_EVERY seconds, on the control connection): the partitions of the
+next `ahead` intervals are made; then each partition old enough to drop (its ids end before
+`retain_succeeded` ago), oldest first, goes through retention's two transactions: `clean`
+deletes, as the pruner would, its finished jobs whose leaving has consequences (bundles,
+dependencies, ordered keys, workflow rows); `expire` takes the table lock for at most
+`lock_timeout`, checks that no job in it is still to run, carries its finished jobs still
+within their window into the default partition and drops it. A partition that a job still
+to run holds back is passed over (the pruner deletes its finished rows once it is older than
+the drop zone) and the next one is looked at. Every supervisor runs rounds; an advisory lock
+lets one at a time do the work, the others find it busy and come back at their next round.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import uuid
+from dataclasses import dataclass, field
+
+from pgq_supervisor.db import Conn
+from pgq_supervisor.db import partitions as db_partitions
+from pgq_supervisor.settings import Settings
+
+log = logging.getLogger(__name__)
+
+PARTITIONS_EVERY = 60.0  # seconds between rounds
+AHEAD = 3 * 3600.0  # partitions exist this far ahead of now (at least two intervals)
+MAX_CARRY = 10_000  # a partition with more jobs still within their window waits for them
+LOCK_TIMEOUT = 0.5  # seconds the drop may wait for the table lock (claims wait behind it)
+MAX_STEPS = 16  # partitions looked at per round
+
+
+def drop_zone(retain_succeeded: float | None, interval: float) -> float | None:
+    """Seconds of enqueue time whose finished jobs leave by their partition's drop, not by the
+    pruner's DELETE: the succeeded window and two intervals (their partition must end first,
+    and a round must come). None: nothing is dropped, the pruner deletes every finished job."""
+    return None if retain_succeeded is None else retain_succeeded + 2 * interval
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionRound:
+    made: tuple[str, ...] = ()
+    dropped: tuple[str, ...] = ()
+    carried: int = 0
+    held: dict[str, str] = field(default_factory=dict)  # partition -> why it stays
+
+
+class Partitions:
+    """`interval`: seconds of enqueue time one partition spans; `retain_*`: the pruner's
+    windows (None keeps that kind; with `retain_succeeded` None nothing is dropped)."""
+
+    def __init__(
+        self,
+        schema: str,
+        interval: float,
+        retain_succeeded: float | None,
+        retain_failed: float | None,
+        *,
+        max_carry: int = MAX_CARRY,
+        lock_timeout: float = LOCK_TIMEOUT,
+    ) -> None:
+        if not interval >= 60:
+            raise ValueError(f"partition_interval must be >= 60 seconds, got {interval}")
+        self.schema = schema
+        self.interval = interval
+        self.ahead = max(2, math.ceil(AHEAD / interval))
+        self.retain_succeeded = retain_succeeded
+        self.retain_failed = retain_failed
+        self.max_carry = max_carry
+        self.lock_timeout = lock_timeout
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Partitions:
+        return cls(
+            settings.db_schema,
+            settings.partition_interval,
+            settings.retain_succeeded,
+            settings.retain_failed,
+        )
+
+    def run_once(self, conn: Conn) -> PartitionRound:
+        """One round on an autocommit connection. Raises DatabaseError."""
+        made = db_partitions.ensure(conn, self.schema, interval=self.interval, ahead=self.ahead)
+        dropped: list[str] = []
+        held: dict[str, str] = {}
+        carried = 0
+        after: uuid.UUID | None = None
+        for _ in range(MAX_STEPS):
+            step = db_partitions.clean(
+                conn,
+                self.schema,
+                succeeded=self.retain_succeeded,
+                failed=self.retain_failed,
+                after=after,
+            )
+            if step is not None and step.outcome == "cleaned":
+                step = db_partitions.expire(
+                    conn,
+                    self.schema,
+                    succeeded=self.retain_succeeded,
+                    failed=self.retain_failed,
+                    after=after,
+                    max_carry=self.max_carry,
+                    lock_timeout=self.lock_timeout,
+                )
+            if step is None:
+                break
+            if step.outcome == "dropped":
+                dropped.append(step.partition)
+                carried += step.carried
+            else:
+                held[step.partition] = step.outcome
+                if step.outcome == "busy":
+                    break  # another supervisor's round, or claims held the lock: next round
+            after = step.hi
+        result = PartitionRound(tuple(made or ()), tuple(dropped), carried, held)
+        if result.made:
+            log.info("made job partitions %s", ", ".join(result.made))
+        if result.dropped:
+            log.info(
+                "dropped job partitions %s (%d jobs still within their window carried)",
+                ", ".join(result.dropped),
+                carried,
+            )
+        return result
