@@ -20,7 +20,15 @@ from setproctitle import getproctitle
 
 from pgq_supervisor import admin, db
 from pgq_supervisor import schema as migrations
-from pgq_supervisor.cli_help import HelpFormatter, command_helps, grouped_commands, setting_help
+from pgq_supervisor.cli_help import (
+    RUN_FLAGS as RUN_FLAGS,  # the flags of `run` (the Django command reuses them)
+)
+from pgq_supervisor.cli_help import (
+    HelpFormatter,
+    command_helps,
+    grouped_commands,
+    setting_help,
+)
 from pgq_supervisor.connect import open_db, resolve_dsn
 from pgq_supervisor.errors import (
     AppLoadError,
@@ -45,36 +53,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("pgq_supervisor")
 
 COMMANDS = ("run", "migrate", "enqueue", "demo", "dashboard", "embedded", *admin.COMMANDS)
-
-# flag -> setting, for `run`; values are validated by Settings, not argparse
-RUN_FLAGS = {
-    "--app": "app",
-    "--listen-dsn": "listen_dsn",
-    "--prepare-threshold": "prepare_threshold",
-    "--procs": "procs",
-    "--types": "types",
-    "--heartbeat-interval": "heartbeat_interval",
-    "--dead-after": "dead_after",
-    "--poll-interval": "poll_interval",
-    "--rescue-interval": "rescue_interval",
-    "--shutdown-timeout": "shutdown_timeout",
-    "--connect-timeout": "connect_timeout",
-    "--connection-budget": "connection_budget",
-    "--connection-headroom": "connection_headroom",
-    "--max-jobs-per-child": "max_jobs_per_child",
-    "--max-memory-per-child": "max_memory_per_child",
-    "--claim-batch": "claim_batch",
-    "--concurrency": "concurrency",
-    "--child-pool-size": "child_pool_size",
-    "--release-unstarted-after": "release_unstarted_after",
-    "--metrics-port": "metrics_port",
-    "--metrics-host": "metrics_host",
-    "--retain-succeeded": "retain_succeeded",
-    "--retain-failed": "retain_failed",
-    "--partition-interval": "partition_interval",
-    "--summary-interval": "summary_interval",
-    "--max-payload-bytes": "max_payload_bytes",
-}
 
 
 class OneLineParser(argparse.ArgumentParser):

@@ -24,6 +24,36 @@ COMMAND_GROUPS: dict[str, tuple[str, ...]] = {
     "change": ("enqueue", "retry", "cancel", "purge", "pause", "resume"),
     "schema": ("migrate", "schema-dump", "dashboard-indexes"),
 }
+# flag -> setting, for `run`; values are validated by Settings, not argparse
+RUN_FLAGS = {
+    "--app": "app",
+    "--listen-dsn": "listen_dsn",
+    "--prepare-threshold": "prepare_threshold",
+    "--procs": "procs",
+    "--types": "types",
+    "--heartbeat-interval": "heartbeat_interval",
+    "--dead-after": "dead_after",
+    "--poll-interval": "poll_interval",
+    "--rescue-interval": "rescue_interval",
+    "--shutdown-timeout": "shutdown_timeout",
+    "--connect-timeout": "connect_timeout",
+    "--connection-budget": "connection_budget",
+    "--connection-headroom": "connection_headroom",
+    "--max-jobs-per-child": "max_jobs_per_child",
+    "--max-memory-per-child": "max_memory_per_child",
+    "--claim-batch": "claim_batch",
+    "--concurrency": "concurrency",
+    "--child-pool-size": "child_pool_size",
+    "--release-unstarted-after": "release_unstarted_after",
+    "--metrics-port": "metrics_port",
+    "--metrics-host": "metrics_host",
+    "--retain-succeeded": "retain_succeeded",
+    "--retain-failed": "retain_failed",
+    "--partition-interval": "partition_interval",
+    "--summary-interval": "summary_interval",
+    "--max-payload-bytes": "max_payload_bytes",
+}
+
 Parser = TypeVar("Parser", bound=argparse.ArgumentParser)
 NAME_WIDTH = 19
 WIDTH = 79

@@ -49,7 +49,7 @@ FROM {schema}.job j WHERE (j.state = 'running') <> (j.lease IS NOT NULL)
 UNION ALL
 SELECT 'D1 a waiting job waits for exactly its unmet dependencies', j.id::text
 FROM {schema}.job j
-WHERE j.waiting_on > 0
+WHERE j.waiting_on > 0 AND j.ordered_key IS NULL  -- an ordered job also waits on its key
   AND (j.state <> 'pending' OR j.depends_on IS NULL
        OR j.waiting_on <> (
            SELECT count(*) FROM {schema}.job_dependency e

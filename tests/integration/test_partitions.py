@@ -1,0 +1,216 @@
+"""The job table's partitions (schema/0029): finished jobs leave with their partition, and no
+partition is ever dropped with a job in it that is still to run. The jobs here are made with
+ids of three days ago: in the test database's oldest partition (tests/support/partitions.py).
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+import pgq_supervisor as pgq
+from pgq_supervisor import db
+from pgq_supervisor.db import Conn
+from pgq_supervisor.jobs import AttemptKind, JobId, JobState
+from pgq_supervisor.supervisor.maintenance.partitions import PartitionRound, Partitions
+from pgq_supervisor.supervisor.maintenance.retention import Pruner
+from tests.property.invariants import violations
+from tests.support.db import claim_one, count_rows, get, raw_row
+from tests.support.partitions import (
+    STILL_TO_RUN,
+    made_days_ago,
+    old_bundle,
+    partition_of,
+    partitions,
+    still_to_run,
+)
+
+
+@pytest.fixture
+def old_ids() -> Iterator[None]:
+    with made_days_ago():
+        yield
+
+
+WEEK = 7 * 86400.0
+# succeeded jobs are past their window at once; failed and cancelled ones are kept a week
+PARTS = dict(interval=3600.0, retain_succeeded=0.001, retain_failed=WEEK)
+
+
+def run(conn: Conn, **kw: float) -> PartitionRound:
+    return Partitions("pgq", **{**PARTS, **kw}).run_once(conn)  # type: ignore[arg-type]
+
+
+def test_the_job_table_is_partitioned_by_id_and_jobs_land_by_their_time(conn: Conn) -> None:
+    kind = conn.execute("SELECT relkind::text FROM pg_class WHERE oid = 'pgq.job'::regclass")
+    assert kind.fetchone() == ("p",)
+    assert {"job_legacy", "job_default"} <= partitions(conn)
+    now = pgq.enqueue(conn, "t", {})
+    assert partition_of(conn, now).startswith("pgq.job_p")
+    assert count_rows(conn, "job_unique") == 0  # no unique index is needed: the key's table
+
+
+def test_a_round_makes_the_partitions_ahead(conn: Conn) -> None:
+    made = run(conn, interval=600.0).made
+    names = partitions(conn)
+    assert set(made) <= names
+    ahead = conn.execute(
+        "SELECT max(pgq.id_time(hi)) > now() + interval '2 hours' FROM pgq.job_partitions()"
+    ).fetchone()
+    assert ahead == (True,)
+    assert run(conn, interval=600.0).made == ()  # made once
+
+
+def test_finished_jobs_leave_with_their_partition(conn: Conn, old_ids: None) -> None:
+    done = [pgq.enqueue(conn, "t", {"n": i}) for i in range(50)]
+    while jobs := db.claim(conn, "pgq", worker_id="w", types=["t"], max_retry_counts=[0], limit=20):
+        db.succeed(conn, "pgq", jobs[0].lease, [(j.id, None) for j in jobs])
+    failed = pgq.enqueue(conn, "f", {}, max_retry_count=0)
+    job = claim_one(conn, "f", max_retry_count=0)
+    db.end_attempt(conn, "pgq", [job.id], error="boom", kind=AttemptKind.ERROR, lease=job.lease)
+    before = raw_row(conn, failed)
+    assert partition_of(conn, done[0]) == "pgq.job_legacy"
+
+    result = run(conn)
+
+    assert result.dropped == ("job_legacy",) and result.carried == 1
+    assert "job_legacy" not in partitions(conn)
+    assert count_rows(conn, where="type = 't'") == 0
+    # the failed job is kept its week: the same row, with its id, in the default partition
+    assert raw_row(conn, failed) == before
+    assert partition_of(conn, failed) == "pgq.job_default"
+    assert get(conn, failed).state is JobState.FAILED
+    assert violations(conn) == []
+
+
+@pytest.mark.parametrize("kind", STILL_TO_RUN)
+def test_a_partition_with_a_job_still_to_run_is_never_dropped(conn: Conn, kind: str) -> None:
+    # a job elsewhere (now: a current partition) for the old one to wait behind
+    first = pgq.enqueue(conn, "blocker", {}, ordered_key="k" if kind == "ordered" else None)
+    with made_days_ago():
+        held, done = still_to_run(conn, kind, first)
+    assert partition_of(conn, held) == "pgq.job_legacy"
+    row = raw_row(conn, held)
+
+    result = run(conn)
+
+    assert result.dropped == () and result.held == {"job_legacy": "unfinished"}
+    assert raw_row(conn, held) == row
+    assert get(conn, done).state is JobState.SUCCEEDED  # left to the partition: not deleted
+    assert violations(conn) == []
+
+
+def test_carried_jobs_keep_their_edges_and_workflow_rows(conn: Conn) -> None:
+    with made_days_ago():
+        failed = pgq.enqueue(conn, "f", {}, max_retry_count=0)
+    conn.execute(
+        "INSERT INTO pgq.workflow_step (job_id, seq, name, kind, state) VALUES"
+        " (%s, 0, 'fetch', 'step', 'succeeded')",
+        (failed,),
+    )
+    # a dependent made now (a current partition) that runs whatever its dependency does
+    dependent = pgq.enqueue(conn, "d", {}, depends_on=[failed], on_dependency_failure="run")
+    job = claim_one(conn, "f", max_retry_count=0)
+    db.end_attempt(conn, "pgq", [job.id], error="boom", kind=AttemptKind.ERROR, lease=job.lease)
+    assert get(conn, dependent).state is JobState.PENDING
+
+    result = run(conn)
+
+    assert result.dropped == ("job_legacy",) and result.carried == 1
+    edges = conn.execute("SELECT job_id, depends_on FROM pgq.job_dependency").fetchall()
+    assert edges == [(dependent, failed)]
+    steps = conn.execute("SELECT job_id, name FROM pgq.workflow_step").fetchall()
+    assert steps == [(failed, "fetch")]
+    assert violations(conn) == []
+
+
+def test_bundles_stay_counted_when_their_jobs_leave(conn: Conn) -> None:
+    gone = old_bundle(conn, ["t"] * 5)
+    kept = old_bundle(conn, ["k", "c"])
+    while jobs := db.claim(conn, "pgq", worker_id="w", types=["t"], max_retry_counts=[0], limit=5):
+        db.succeed(conn, "pgq", jobs[0].lease, [(j.id, None) for j in jobs])
+    job = claim_one(conn, "k", max_retry_count=0)
+    db.end_attempt(conn, "pgq", [job.id], error="boom", kind=AttemptKind.ERROR, lease=job.lease)
+    other = conn.execute("SELECT id FROM pgq.job WHERE type = 'c'").fetchone()
+    assert other is not None
+    db.cancel(conn, "pgq", other[0])
+    assert partition_of(conn, other[0]) == "pgq.job_legacy"
+
+    result = run(conn)
+
+    assert result.dropped == ("job_legacy",) and result.carried == 2  # the failed, the cancelled
+    assert count_rows(conn, where="type = 't'") == 0
+    rows = conn.execute("SELECT id, num_jobs, num_jobs_stopped FROM pgq.job_bundle").fetchall()
+    counts: dict[uuid.UUID, tuple[int, int]] = {r[0]: (r[1], r[2]) for r in rows}
+    assert counts[kept] == (2, 2)
+    assert counts.get(gone, (0, 0)) == (0, 0)  # emptied (the pruner deletes emptied bundles)
+    assert violations(conn) == []
+
+
+def test_one_maintainer_at_a_time(conn: Conn, dsn: str, old_ids: None) -> None:
+    done = pgq.enqueue(conn, "t", {})
+    db.succeed(conn, "pgq", claim_one(conn, "t").lease, [(done, None)])
+    with psycopg.connect(dsn) as other:  # another supervisor's round, in its transaction
+        assert other.execute("SELECT pgq.job_partition_lock()").fetchone() == (True,)
+        result = run(conn)
+        assert result.dropped == () and result.held == {"job_legacy": "busy"}
+        assert run(conn).made == ()
+    assert run(conn).dropped == ("job_legacy",)
+
+
+def test_a_reader_holding_the_table_makes_the_drop_wait_not_the_queue(conn: Conn, dsn: str) -> None:
+    with made_days_ago():
+        done = pgq.enqueue(conn, "t", {})
+    db.succeed(conn, "pgq", claim_one(conn, "t").lease, [(done, None)])
+    with psycopg.connect(dsn) as reader:  # a long report
+        reader.execute("SELECT count(*) FROM pgq.job").fetchone()
+        result = run(conn, lock_timeout=0.05)
+        assert result.held == {"job_legacy": "busy"}
+        # the queue is not held behind the drop that gave up
+        assert pgq.enqueue(conn, "t2", {}) is not None
+    assert get(conn, done).state is JobState.SUCCEEDED
+    assert run(conn).dropped == ("job_legacy",)
+
+
+def test_the_pruner_leaves_the_drop_zone_to_the_partitions(conn: Conn) -> None:
+    recent = pgq.enqueue(conn, "t", {})
+    db.succeed(conn, "pgq", claim_one(conn, "t").lease, [(recent, None)])
+    carried = uuid.uuid4()  # an id out of every range: the default partition's
+    conn.execute(
+        "INSERT INTO pgq.job (id, type, payload, state, started_at, stopped_at) VALUES"
+        " (%s, 'c', '{}', 'succeeded', now() - interval '1 hour', now() - interval '1 hour')",
+        (carried,),
+    )
+    assert partition_of(conn, JobId(carried)) == "pgq.job_default"
+    conn.execute(
+        "UPDATE pgq.job SET stopped_at = now() - interval '1 hour' WHERE id = %s", (recent,)
+    )
+
+    pruned = Pruner("pgq", 60.0, None, zone=86400.0).run_once(conn)
+
+    assert pruned.succeeded == 1
+    assert count_rows(conn, where=f"id = '{carried}'") == 0
+    assert get(conn, recent).state is JobState.SUCCEEDED  # its partition will take it
+
+
+def test_concurrent_rounds_drop_once(dsn: str, conn: Conn, old_ids: None) -> None:
+    for _ in range(3):
+        done = pgq.enqueue(conn, "t", {})
+        db.succeed(conn, "pgq", claim_one(conn, "t").lease, [(done, None)])
+    results: list[PartitionRound] = []
+
+    def round_() -> None:
+        with psycopg.connect(dsn, autocommit=True) as c:
+            results.append(run(c))
+
+    threads = [threading.Thread(target=round_) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(len(r.dropped) for r in results) == 1
+    assert "job_legacy" not in partitions(conn)
