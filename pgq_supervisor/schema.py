@@ -124,7 +124,9 @@ def migrate(
         with conn.cursor(row_factory=tuple_row) as cur:
             row = cur.execute("SELECT current_setting('search_path')").fetchone()
         callers_path = None if row is None else str(row[0])
-        conn.execute(sql.SQL("SET LOCAL search_path TO {}, pg_catalog").format(ident))
+        # pg_temp named last: functions capture this path (SET search_path FROM CURRENT), and one
+        # that runs as its owner must not resolve a name to its caller's temporary table
+        conn.execute(sql.SQL("SET LOCAL search_path TO {}, pg_catalog, pg_temp").format(ident))
         for mig in available():
             if mig.version in current:
                 continue

@@ -469,6 +469,16 @@ BEGIN
     RETURN NEXT;
 END $$;
 
+-- Partition maintenance runs as the schema's owner: it makes, detaches and drops partitions,
+-- DDL a worker role may not run (pgq_supervisor/sql/roles.sql grants the worker these three,
+-- and neither the producer nor the dashboard).
+ALTER FUNCTION job_partition_ensure(interval, integer) SECURITY DEFINER;
+ALTER FUNCTION job_partition_clean(interval, interval, uuid) SECURITY DEFINER;
+ALTER FUNCTION job_partition_expire(interval, interval, integer, interval, uuid) SECURITY DEFINER;
+REVOKE EXECUTE ON FUNCTION job_partition_ensure(interval, integer),
+    job_partition_clean(interval, interval, uuid),
+    job_partition_expire(interval, interval, integer, interval, uuid) FROM PUBLIC;
+
 -- The partitions of today and tomorrow (at the default partition_interval; the supervisors
 -- make the later ones), so that the jobs enqueued before a supervisor runs have theirs.
 SELECT job_partition_ensure(interval '1 day', 1);

@@ -26,9 +26,9 @@ HEADER = f"""\
 -- The migrations (schema/NNNN_*.sql) remain the source of truth; this file shows what they
 -- add up to, and tests/integration/test_schema_dump.py fails when it no longer matches them.
 -- Names are unqualified, as in the migrations, which run with search_path set to the target
--- schema: "SET search_path FROM CURRENT" is that schema, then pg_catalog. NOT NULL shows on
--- its column. Types, sequences, tables, indexes, triggers, views, functions: each by name
--- (indexes and triggers by table, then name)."""
+-- schema: "SET search_path FROM CURRENT" is that schema, pg_catalog, then pg_temp. NOT NULL
+-- shows on its column. Types, sequences, tables, indexes, triggers, views, functions: each by
+-- name (indexes and triggers by table, then name)."""
 
 
 def add_command(sub: argparse._SubParsersAction[Parser], parents: list[Parser]) -> None:

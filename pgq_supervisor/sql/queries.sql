@@ -61,9 +61,10 @@ FROM {schema}.debounce_holder(%(key)s::text, %(payload)s::jsonb, %(start_at)s::t
                               %(priority)s::int)
 
 -- name: set_debounce_key
--- The job just inserted to wait behind the running holder of the key holds the key here
--- (job_unique lets one unfinished job hold unique_key, schema/0027).
-UPDATE {schema}.job SET debounce_key = %(key)s WHERE id = %(id)s
+-- The job just inserted to wait behind the running holder of the key holds the key in
+-- debounce_key (job_unique lets one unfinished job hold unique_key, schema/0027). A definer
+-- function (schema/0030): the producer may not UPDATE job rows.
+SELECT {schema}.debounce_wait(%(id)s::uuid, %(key)s::text)
 
 -- name: age_priorities
 -- Priority aging (aging.py): each pending job of the type that has waited `every` seconds since
@@ -1460,7 +1461,7 @@ ORDER BY c.relname COLLATE "C"
 -- Every function as pg_get_functiondef prints it, by name and arguments, but for two lines that
 -- would name the schema: the first, rebuilt with the name unqualified (pg_get_functiondef
 -- always qualifies it), and the search_path a migration's function captured (SET search_path
--- FROM CURRENT: the schema, then pg_catalog), written back as the migrations write it.
+-- FROM CURRENT: the schema, pg_catalog, then pg_temp), written back as the migrations write it.
 -- Aggregates have no such definition: a comment names them. Not shown: an extension's
 -- functions, and those a type made for itself (a range's constructors).
 SELECT p.proname || '(' || pg_get_function_identity_arguments(p.oid) || ')' AS name,
@@ -1472,7 +1473,7 @@ SELECT p.proname || '(' || pg_get_function_identity_arguments(p.oid) || ')' AS n
                  || quote_ident(p.proname) || '(' || pg_get_function_arguments(p.oid) || ')'
                  || rtrim(replace(substr(f.def, strpos(f.def, E'\n')),
                                   E'\n SET search_path TO ''' || replace(n.nspname, '''', '''''')
-                                  || E''', ''pg_catalog''\n',
+                                  || E''', ''pg_catalog'', ''pg_temp''\n',
                                   E'\n SET search_path FROM CURRENT\n'), E'\n') || ';'
        END AS definition
 FROM pg_proc p

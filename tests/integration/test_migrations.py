@@ -543,6 +543,10 @@ FUNCTIONS |= {
     "enqueue_checked",
     "enqueue_many",
     "enqueue",
+    "written_here",  # schema/0030: the producer's writes to job rows go through definers
+    "refuse_foreign_job",
+    "job_fresh",
+    "debounce_wait",
 }
 TRIGGERS["job_notify_due"] = (  # schema/0026: delayed jobs announced when written
     "CREATE TRIGGER job_notify_due AFTER UPDATE ON {s}.job REFERENCING NEW TABLE AS due_new_rows"
@@ -692,7 +696,11 @@ def assert_declared_schema(conn: Conn, s: str) -> None:
     for name, config in functions:
         # every function pins its search_path to the schema it was created in
         assert config is not None and any(c.startswith("search_path=") for c in config), name
-        assert s in next(c for c in config if c.startswith("search_path=")), name
+        path = next(c for c in config if c.startswith("search_path="))
+        assert s in path, name
+        # and names pg_temp last: run as the owner (a definer function calls it or fires its
+        # trigger), it must not find its caller's temporary tables first (schema/0029)
+        assert path.endswith(", pg_catalog, pg_temp"), (name, path)
 
     versions = conn.execute(
         psycopg.sql.SQL("SELECT version, name FROM {}.schema_version").format(
