@@ -14,6 +14,7 @@ from pgq_supervisor import db, ids
 from pgq_supervisor import schema as migrations
 from pgq_supervisor.errors import InvalidInput, InvalidTransition
 from pgq_supervisor.frameworks import AsyncConnLike, ConnLike, as_psycopg, as_psycopg_async
+from pgq_supervisor.inputs import check_key
 from pgq_supervisor.jobs import (
     TERMINAL_STATES,
     Bundle,
@@ -300,8 +301,7 @@ def set_tenant_weight(
     """Fair claims (docs/job-options.md): `tenant` gets `weight` (1 to 1000, default 1) turns'
     worth of the type's claims per round. Takes effect for the claims after this commits."""
     _check_type(type)
-    if not isinstance(tenant, str) or not 1 <= len(tenant) <= 200 or "\x00" in tenant:
-        raise InvalidInput(f"tenant must be a string of 1 to 200 characters, got {tenant!r}")
+    check_key(tenant, "tenant")
     if isinstance(weight, bool) or not isinstance(weight, int) or not 1 <= weight <= 1000:
         raise InvalidInput(f"weight must be an integer from 1 to 1000, got {weight!r}")
     db.set_tenant_weight(as_psycopg(conn), _schema(schema), type, tenant, weight)

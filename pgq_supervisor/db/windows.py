@@ -24,6 +24,7 @@ from pgq_supervisor.db.connection import (
 )
 from pgq_supervisor.db.option_params import OrderedLinkParams, UniqueHoldersParams
 from pgq_supervisor.errors import InvalidInput
+from pgq_supervisor.inputs import check_key
 from pgq_supervisor.jobs import MAX_DURATION, BundleId, JobId, JobState, NewJob
 
 # Unfinished jobs always hold their key (job_unique, schema/0027): only finished states are a
@@ -185,9 +186,7 @@ def enqueue_many(
 
 def check_ordered(job: NewJob) -> None:
     """InvalidInput unless the job's ordered_key is a key and it has no option it contradicts."""
-    key = job.ordered_key
-    if not isinstance(key, str) or not 1 <= len(key) <= 200 or "\x00" in key:
-        raise InvalidInput(f"ordered_key must be a string of 1 to 200 characters, got {key!r}")
+    check_key(job.ordered_key, "ordered_key")
     if job.depends_on or job.unique_key is not None:
         raise InvalidInput("ordered_key cannot be combined with depends_on or unique_key")
 
