@@ -1,6 +1,5 @@
 """The producer API: enqueue in the caller's transaction (enqueue, enqueue_many,
-enqueue_bundle, each with its `_async` twin); manage.py's look-ups and administration are
-importable from here too.
+enqueue_bundle, each with its `_async` twin); the look-ups and administration are manage.py's.
 
 Every function takes the caller's connection and never commits it, so a job is enqueued
 exactly when the caller's own writes commit. `schema=None` means `$PGQ_SCHEMA` or "pgq".
@@ -24,70 +23,7 @@ from pgq_supervisor.jobs import (
     JsonValue,
     NewJob,
 )
-
-# the look-ups and administration live in manage.py; importable from here too (__all__)
-from pgq_supervisor.manage import (
-    _schema,
-    cancel_job,
-    cancel_job_async,
-    delete_finished,
-    delete_finished_async,
-    get_bundle,
-    get_bundle_async,
-    get_job,
-    get_job_async,
-    migrate,
-    migrate_async,
-    pause,
-    pause_async,
-    queue_depth,
-    queue_depth_async,
-    queue_stats,
-    queue_stats_async,
-    reset_job,
-    reset_job_async,
-    resume,
-    resume_async,
-    retry_failed,
-    retry_failed_async,
-    set_tenant_weight,
-    set_tenant_weight_async,
-)
-
-__all__ = [
-    "EnqueueOptions",
-    "JobOptions",
-    "cancel_job",
-    "cancel_job_async",
-    "delete_finished",
-    "delete_finished_async",
-    "enqueue",
-    "enqueue_async",
-    "enqueue_bundle",
-    "enqueue_bundle_async",
-    "enqueue_many",
-    "enqueue_many_async",
-    "get_bundle",
-    "get_bundle_async",
-    "get_job",
-    "get_job_async",
-    "migrate",
-    "migrate_async",
-    "pause",
-    "pause_async",
-    "queue_depth",
-    "queue_depth_async",
-    "queue_stats",
-    "queue_stats_async",
-    "reset_job",
-    "reset_job_async",
-    "resume",
-    "resume_async",
-    "retry_failed",
-    "retry_failed_async",
-    "set_tenant_weight",
-    "set_tenant_weight_async",
-]
+from pgq_supervisor.manage import _schema
 
 
 class EnqueueOptions(TypedDict, total=False):

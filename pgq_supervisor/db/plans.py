@@ -51,36 +51,43 @@ class Step(Protocol):
 Plan = Generator[Step, None, T]
 
 
+class _Driving(Generic[T]):
+    """A plan being driven: its next step, given how the last one ended; its result at the end."""
+
+    def __init__(self, plan: Plan[T]) -> None:
+        self.plan = plan
+        self.error: BaseException | None = None  # what the last step raised, for the plan
+        self.result: T
+
+    def next_step(self) -> Step | None:
+        error, self.error = self.error, None
+        try:
+            return self.plan.send(None) if error is None else self.plan.throw(error)
+        except StopIteration as stop:
+            self.result = stop.value
+            return None
+
+
 def run(conn: Conn, plan: Plan[T]) -> T:
     """Drive `plan` on `conn`: each step runs, its error (if any) is thrown into the plan."""
-    try:
-        step = next(plan)
-        while True:
-            try:
-                step.run(conn)
-            except BaseException as exc:  # the plan decides: handle, wrap or let it go
-                step = plan.throw(exc)
-            else:
-                step = plan.send(None)
-    except StopIteration as stop:
-        result: T = stop.value
-        return result
+    driving = _Driving(plan)
+    while (step := driving.next_step()) is not None:
+        try:
+            step.run(conn)
+        except BaseException as exc:  # the plan decides: handle, wrap or let it go
+            driving.error = exc
+    return driving.result
 
 
 async def run_async(conn: AsyncConn, plan: Plan[T]) -> T:
     """`run` on an async connection."""
-    try:
-        step = next(plan)
-        while True:
-            try:
-                await step.run_async(conn)
-            except BaseException as exc:
-                step = plan.throw(exc)
-            else:
-                step = plan.send(None)
-    except StopIteration as stop:
-        result: T = stop.value
-        return result
+    driving = _Driving(plan)
+    while (step := driving.next_step()) is not None:
+        try:
+            await step.run_async(conn)
+        except BaseException as exc:
+            driving.error = exc
+    return driving.result
 
 
 class _Fetch(Generic[R]):
