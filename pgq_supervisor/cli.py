@@ -40,7 +40,7 @@ from pgq_supervisor.errors import (
     install_hint,
 )
 from pgq_supervisor.inputs import not_utf8
-from pgq_supervisor.jobs import NewJob
+from pgq_supervisor.jobs import NewJob, stale_after
 from pgq_supervisor.jsontext import MAX_PAYLOAD_ENV, load_json_object
 from pgq_supervisor.logs import setup_logging
 from pgq_supervisor.redaction import hide_password, title_without_secrets
@@ -395,7 +395,7 @@ def cmd_dashboard(args: argparse.Namespace, settings: Settings) -> int:
         read_only=args.read_only,
         allow_unauthenticated_actions=args.allow_unauthenticated_actions,
         schema=settings.db_schema,
-        stale_after=3 * settings.heartbeat_interval,
+        stale_after=stale_after(settings.heartbeat_interval),
         secret=settings.dashboard_secret.get_secret_value() if settings.dashboard_secret else None,
     )
     if args.read_only:

@@ -1,4 +1,5 @@
-"""The producer API: enqueue in the caller's transaction, look jobs up, administer them.
+"""The producer API: enqueue in the caller's transaction (enqueue, enqueue_many,
+enqueue_bundle, each with its `_async` twin); the look-ups and administration are manage.py's.
 
 Every function takes the caller's connection and never commits it, so a job is enqueued
 exactly when the caller's own writes commit. `schema=None` means `$PGQ_SCHEMA` or "pgq".
@@ -10,24 +11,19 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Literal, TypedDict, Unpack
 
-from pgq_supervisor import db, ids
-from pgq_supervisor import schema as migrations
-from pgq_supervisor.errors import InvalidInput, InvalidTransition
+from pgq_supervisor import db
+from pgq_supervisor.db.plans import Plan, atomic, run, run_async
+from pgq_supervisor.errors import InvalidInput
 from pgq_supervisor.frameworks import AsyncConnLike, ConnLike, as_psycopg, as_psycopg_async
 from pgq_supervisor.jobs import (
-    TERMINAL_STATES,
     Bundle,
     DependencyFailure,
     IdLike,
     JobId,
-    JobRecord,
-    JobState,
     JsonValue,
     NewJob,
-    TypeStats,
-    check_duration,
-    check_type_name,
 )
+from pgq_supervisor.manage import _schema
 
 
 class EnqueueOptions(TypedDict, total=False):
@@ -57,10 +53,6 @@ class JobOptions(TypedDict, total=False):
     replace_running: Literal["wait", "drop"]
     ordered_key: str | None
     tenant: str | None
-
-
-def _schema(schema: str | None) -> str:
-    return schema or db.default_schema()
 
 
 def _new_job(
@@ -180,6 +172,14 @@ async def enqueue_async(
     return await db.enqueue_async(await as_psycopg_async(conn), _schema(schema), job)
 
 
+# Each call below is written once, as a plan (db/plans.py: its validation, its statements and
+# what their results mean), which a thin sync shell and a thin async shell run.
+
+
+def _enqueue_many(jobs: Sequence[NewJob], schema: str | None) -> Plan[list[JobId]]:
+    return (yield from db.enqueue_many.plan(_schema(schema), jobs))
+
+
 def enqueue_many(
     conn: ConnLike, jobs: Sequence[NewJob], *, schema: str | None = None
 ) -> list[JobId]:
@@ -189,8 +189,37 @@ def enqueue_many(
     A job's `depends_on` may name jobs enqueued before this call (even in the same
     transaction), not jobs of this batch: their ids are made here.
     """
-    c = as_psycopg(conn)
-    return db.enqueue_many(c, _schema(schema), jobs)
+    return run(as_psycopg(conn), _enqueue_many(jobs, schema))
+
+
+async def enqueue_many_async(
+    conn: AsyncConnLike, jobs: Sequence[NewJob], *, schema: str | None = None
+) -> list[JobId]:
+    """`enqueue_many` for a psycopg.AsyncConnection."""
+    return await run_async(await as_psycopg_async(conn), _enqueue_many(jobs, schema))
+
+
+def _enqueue_bundle(
+    type_: str,
+    jobs: Sequence[NewJob],
+    on_complete: str | None,
+    origin: str | None,
+    schema: str | None,
+) -> Plan[Bundle]:
+    if not jobs:
+        raise InvalidInput("a bundle needs at least one job")
+    if any(j.unique_key is not None for j in jobs):
+        raise InvalidInput("bundle jobs cannot have a unique_key (the bundle would miscount)")
+    db.check_bundle(type_, origin, on_complete)
+    return (yield from atomic(_insert_bundle(_schema(schema), type_, jobs, on_complete, origin)))
+
+
+def _insert_bundle(
+    s: str, type_: str, jobs: Sequence[NewJob], on_complete: str | None, origin: str | None
+) -> Plan[Bundle]:
+    bundle = yield from db.insert_bundle.plan(s, type_, len(jobs), origin, on_complete)
+    yield from db.enqueue_many.plan(s, jobs, bundle_id=bundle.id)
+    return bundle
 
 
 def enqueue_bundle(
@@ -208,158 +237,19 @@ def enqueue_bundle(
     `pgq_bundle_stopped` and, if `on_complete` names a job type, enqueues that job once with
     payload {"bundle_id": ...}.
     """
-    if not jobs:
-        raise InvalidInput("a bundle needs at least one job")
-    if any(j.unique_key is not None for j in jobs):
-        raise InvalidInput("bundle jobs cannot have a unique_key (the bundle would miscount)")
-    db.check_bundle(type, origin, on_complete)
-    c = as_psycopg(conn)
-    s = _schema(schema)
-    with db.atomic(c):
-        bundle = db.insert_bundle(c, s, type, len(jobs), origin, on_complete)
-        db.enqueue_many(c, s, jobs, bundle_id=bundle.id)
-    return bundle
+    plan = _enqueue_bundle(type, jobs, on_complete, origin, schema)
+    return run(as_psycopg(conn), plan)
 
 
-def get_job(conn: ConnLike, id: IdLike, *, schema: str | None = None) -> JobRecord:
-    """The job's record. `id` is a UUID or its string form (InvalidInput otherwise, as for
-    every call that takes an id); JobNotFound if no job has it."""
-    job_id = ids.job_id(id, "id")
-    c = as_psycopg(conn)
-    return db.get_job(c, _schema(schema), job_id)
-
-
-def get_bundle(conn: ConnLike, id: IdLike, *, schema: str | None = None) -> Bundle:
-    """The bundle with its counters; JobNotFound if no bundle has that id."""
-    bundle_id = ids.bundle_id(id, "id")
-    c = as_psycopg(conn)
-    return db.get_bundle(c, _schema(schema), bundle_id)
-
-
-def cancel_job(conn: ConnLike, id: IdLike, *, schema: str | None = None) -> JobState:
-    """Cancel a pending or running job; returns the state it was in. A running job ends
-    `cancelled` when this commits (its worker's writes are fenced out, it is never retried)
-    and the supervisor whose child runs it stops that child. InvalidTransition if the job has
-    finished, JobNotFound if unknown."""
-    job_id = ids.job_id(id, "id")
-    c = as_psycopg(conn)
-    result = db.cancel(c, _schema(schema), job_id)
-    if not result.cancelled:
-        raise InvalidTransition(
-            f"job {job_id} is {result.state.value}; only pending or running jobs can be cancelled"
-        )
-    return result.state
-
-
-def reset_job(
-    conn: ConnLike, id: IdLike, *, force: bool = False, schema: str | None = None
-) -> None:
-    """Put a finished job back to pending with a fresh retry budget (history is kept).
-
-    A running job is refused unless `force`: its worker is then fenced out and its writes
-    are dropped, so the job cannot run twice to completion.
-    """
-    job_id = ids.job_id(id, "id")
-    c = as_psycopg(conn)
-    blocked_by = db.reset(c, _schema(schema), job_id, force)
-    if blocked_by is not None:
-        hint = (
-            " (use force=True to take it from its worker)" if blocked_by is JobState.RUNNING else ""
-        )
-        raise InvalidTransition(f"job {job_id} is {blocked_by.value}; cannot reset it{hint}")
-
-
-def pause(
-    conn: ConnLike,
+async def enqueue_bundle_async(
+    conn: AsyncConnLike,
     type: str,
+    jobs: Sequence[NewJob],
     *,
-    reason: str | None = None,
-    by: str | None = None,
+    on_complete: str | None = None,
+    origin: str | None = None,
     schema: str | None = None,
-) -> bool:
-    """Pause a job type: no supervisor claims its jobs until `resume` (running ones finish;
-    the rest wait in pending, costing no attempt). Takes effect when this commits. Returns
-    False if the type was paused already (nothing changes then: its reason and time stay).
-    InvalidInput for an invalid type name."""
-    _check_type(type)
-    c = as_psycopg(conn)
-    return db.pause(c, _schema(schema), type, paused_by=by, reason=reason) is not None
-
-
-def resume(conn: ConnLike, type: str, *, schema: str | None = None) -> bool:
-    """Resume a paused job type; its workers are woken when this commits. Returns False if
-    the type was not paused (nothing changes). InvalidInput for an invalid type name."""
-    _check_type(type)
-    c = as_psycopg(conn)
-    return db.resume(c, _schema(schema), type)
-
-
-def set_tenant_weight(
-    conn: ConnLike, type: str, tenant: str, weight: int, *, schema: str | None = None
-) -> None:
-    """Fair claims (docs/job-options.md): `tenant` gets `weight` (1 to 1000, default 1) turns'
-    worth of the type's claims per round. Takes effect for the claims after this commits."""
-    _check_type(type)
-    if not isinstance(tenant, str) or not 1 <= len(tenant) <= 200 or "\x00" in tenant:
-        raise InvalidInput(f"tenant must be a string of 1 to 200 characters, got {tenant!r}")
-    if isinstance(weight, bool) or not isinstance(weight, int) or not 1 <= weight <= 1000:
-        raise InvalidInput(f"weight must be an integer from 1 to 1000, got {weight!r}")
-    db.set_tenant_weight(as_psycopg(conn), _schema(schema), type, tenant, weight)
-
-
-def _check_type(type_: str) -> None:
-    try:
-        check_type_name(type_)
-    except ValueError as exc:
-        raise InvalidInput(str(exc)) from None
-
-
-def retry_failed(conn: ConnLike, *, type: str | None = None, schema: str | None = None) -> int:
-    """Reset every failed job (of one type, or all). Returns how many."""
-    c = as_psycopg(conn)
-    return db.retry_failed(c, _schema(schema), type)
-
-
-def delete_finished(
-    conn: ConnLike,
-    older_than: timedelta | float,
-    *,
-    states: Sequence[JobState] = tuple(TERMINAL_STATES),
-    schema: str | None = None,
-) -> int:
-    """Delete jobs that finished more than `older_than` ago; bundle counters stay true."""
-    seconds = older_than.total_seconds() if isinstance(older_than, timedelta) else older_than
-    try:
-        check_duration(seconds)
-    except ValueError as exc:
-        raise InvalidInput(f"older_than {exc}") from None
-    bad = [s for s in states if s not in TERMINAL_STATES]
-    if bad:
-        raise InvalidInput(f"only finished jobs can be purged, not {bad[0].value}")
-    c = as_psycopg(conn)
-    return db.delete_finished(c, _schema(schema), seconds, states)
-
-
-def queue_stats(conn: ConnLike, *, schema: str | None = None) -> list[TypeStats]:
-    c = as_psycopg(conn)
-    return db.queue_stats(c, _schema(schema))
-
-
-def queue_depth(conn: ConnLike, type: str | None = None, *, schema: str | None = None) -> int:
-    """Jobs a claim could take now (of one type, or all): what an autoscaler should size for.
-    The schema's depth() (schema/0014): due, not waiting on dependencies, not of a paused
-    type, within a rate's free starts and a global limit's free slots."""
-    c = as_psycopg(conn)
-    return db.depth(c, _schema(schema), type)
-
-
-def migrate(
-    conn: ConnLike,
-    *,
-    schema: str | None = None,
-    lock_timeout: float = migrations.DEFAULT_LOCK_TIMEOUT,
-) -> list[int]:
-    """Apply pending migrations; returns the versions applied. Safe to run concurrently.
-    schema.migrate says more (the lock, `lock_timeout`, MigrationLocked, a role without DDL)."""
-    c = as_psycopg(conn)
-    return migrations.migrate(c, _schema(schema), lock_timeout=lock_timeout)
+) -> Bundle:
+    """`enqueue_bundle` for a psycopg.AsyncConnection."""
+    plan = _enqueue_bundle(type, jobs, on_complete, origin, schema)
+    return await run_async(await as_psycopg_async(conn), plan)

@@ -1,7 +1,8 @@
 """Pending work no live supervisor serves, said aloud by `status` (issue 36): a type misspelt
 at enqueue ("gret" for "greet") is otherwise ordinary pending work that waits forever in
 silence. Judged from the supervisor table (schema/0010): each live supervisor lists the types
-it serves; a row not refreshed for 3 x heartbeat_interval is stale and serves nothing. `status`,
+it serves; a row not refreshed within `stale_after` seconds (jobs.stale_after: three missed
+heartbeats) is stale and serves nothing. `status`,
 `show` and `doctor` print these lines, the dashboard shows them and the supervisor's
 pgq_unserved_jobs gauge counts them (read_coverage reads them); `wait` asks its own query."""
 
@@ -17,10 +18,10 @@ from pgq_supervisor.jobs import JobState, JsonValue
 from pgq_supervisor.vacuum import Finding
 
 
-def is_stale(record: SupervisorRecord, heartbeat_interval: float) -> bool:
-    """Not refreshed for three of its upsert intervals (the heartbeat interval): it serves
-    nothing (`workers` marks it STALE)."""
-    return record.seen_ago > 3 * heartbeat_interval
+def is_stale(record: SupervisorRecord, stale_after: float) -> bool:
+    """Not refreshed within `stale_after` seconds (jobs.stale_after of the heartbeat interval,
+    its upsert interval): it serves nothing (`workers` marks it STALE)."""
+    return record.seen_ago > stale_after
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,10 +113,11 @@ def _s(n: int) -> str:
 
 
 def coverage(
-    pending: Mapping[str, int], supervisors: Sequence[SupervisorRecord], heartbeat_interval: float
+    pending: Mapping[str, int], supervisors: Sequence[SupervisorRecord], stale_after: float
 ) -> Coverage:
-    """`pending`: pending jobs per type (types with none are ignored)."""
-    live = [r for r in supervisors if not is_stale(r, heartbeat_interval)]
+    """`pending`: pending jobs per type (types with none are ignored); `stale_after`: see
+    is_stale."""
+    live = [r for r in supervisors if not is_stale(r, stale_after)]
     served = sorted({t for r in live for t in r.types})
     unserved = []
     for type_, n in sorted(pending.items()):
@@ -125,10 +127,10 @@ def coverage(
     return Coverage(len(live), tuple(served), tuple(unserved))
 
 
-def read_coverage(conn: db.Conn, schema: str, heartbeat_interval: float) -> Coverage:
+def read_coverage(conn: db.Conn, schema: str, stale_after: float) -> Coverage:
     """`coverage` of the queue as it is: its pending jobs per type and its supervisor rows."""
     pending: dict[str, int] = {}
     for s in db.queue_stats(conn, schema):
         if s.state is JobState.PENDING:
             pending[s.type] = pending.get(s.type, 0) + s.count
-    return coverage(pending, db.list_supervisors(conn, schema), heartbeat_interval)
+    return coverage(pending, db.list_supervisors(conn, schema), stale_after)

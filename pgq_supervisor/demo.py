@@ -24,12 +24,12 @@ from typing import TextIO
 
 import pydantic
 
-from pgq_supervisor import db
+from pgq_supervisor import db, ids
 from pgq_supervisor.client import enqueue_bundle, enqueue_many
 from pgq_supervisor.connect import open_db
 from pgq_supervisor.display import per_second, plural
 from pgq_supervisor.errors import ExitCode
-from pgq_supervisor.jobs import Bundle, BundleId, Job, JobState, NewJob
+from pgq_supervisor.jobs import Bundle, Job, JobState, NewJob
 from pgq_supervisor.redaction import redact
 from pgq_supervisor.registry import Registry, RetryPolicy
 from pgq_supervisor.settings import Settings
@@ -68,7 +68,7 @@ def part(payload: dict[str, int]) -> dict[str, int]:
 @registry.handler("demo.report")
 def report(payload: dict[str, str], conn: db.Conn) -> dict[str, object]:
     """The bundle's completion job: runs once, after every part has finished."""
-    bundle = db.get_bundle(conn, db.default_schema(), BundleId(uuid.UUID(payload["bundle_id"])))
+    bundle = db.get_bundle(conn, db.default_schema(), ids.bundle_id(payload["bundle_id"]))
     return {"bundle": str(bundle.id), "parts": bundle.num_jobs_stopped}
 
 

@@ -15,11 +15,12 @@ from pgq_supervisor.jobs import NewJob, check_type_name
 
 INT4_MIN, INT4_MAX = -(2**31), 2**31 - 1  # the integer columns' range
 SURROGATE_RE = re.compile("[\ud800-\udfff]")
-MAX_CONCURRENCY_KEY = 200  # schema/0008's CHECK
+# A key of the queue's (concurrency_key, tenant, ordered_key, a signal's or a workflow step's
+# name): 1 to 200 characters, the CHECK of each column that stores one (schema/0008, 0021, ...)
+MAX_KEY = 200
 # well within a btree entry's limit (about 2700 bytes; the key is indexed with created_at)
 MAX_UNIQUE_KEY_BYTES = 1024
 MAX_ORIGIN = 1000
-MAX_TENANT = 200  # schema/0021's CHECK
 
 
 def _shown(value: object) -> str:
@@ -46,6 +47,16 @@ def check_text(
             f"{what} must be at most {max_bytes} bytes in UTF-8, got {len(value.encode())}"
         )
     return value
+
+
+def check_key(value: object, what: str) -> str:
+    """`value` if it is a key: a str of 1 to MAX_KEY characters that text can store (no NUL,
+    no lone surrogate: check_text's errors)."""
+    if not isinstance(value, str) or not 1 <= len(value) <= MAX_KEY:
+        raise InvalidInput(
+            f"{what} must be a string of 1 to {MAX_KEY} characters, got {_shown(value)}"
+        )
+    return check_text(value, what)
 
 
 def check_int(value: object, what: str, lo: int = INT4_MIN, hi: int = INT4_MAX) -> int:
@@ -109,17 +120,7 @@ def check_new_job(job: NewJob) -> None:
         raise InvalidInput(
             f"on_dependency_failure must be 'cancel' or 'run', got {job.on_dependency_failure!r}"
         )
-    for name, value, limit in (
-        ("concurrency_key", job.concurrency_key, MAX_CONCURRENCY_KEY),
-        ("tenant", job.tenant, MAX_TENANT),
-    ):
-        if value is not None and (
-            not isinstance(value, str)
-            or not 1 <= len(value) <= limit
-            or "\x00" in value
-            or SURROGATE_RE.search(value)
-        ):
-            raise InvalidInput(
-                f"{name} must be a string of 1 to {limit} characters without NUL or lone"
-                f" surrogates, got {_shown(value)}"
-            )
+    if job.concurrency_key is not None:
+        check_key(job.concurrency_key, "concurrency_key")
+    if job.tenant is not None:
+        check_key(job.tenant, "tenant")

@@ -77,6 +77,20 @@ class OutcomeKind(enum.StrEnum):
 MAX_DURATION = 100 * 365 * 86_400.0
 
 
+# Liveness, said once: a heartbeat's writer (a child's beat, a supervisor's row in the supervisor
+# table, schema/0010) that has missed three beats in a row counts as gone. `workers`, `status`,
+# `show`, `doctor`, the gauge pgq_unserved_jobs, the dashboard, `wait`'s timeout and the
+# supervisor's unserved warning judge supervisor rows by it, and dead_after may not be shorter.
+DEFAULT_HEARTBEAT_INTERVAL = 1.0  # the setting heartbeat_interval's default
+MISSED_BEATS = 3
+
+
+def stale_after(heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL) -> float:
+    """Seconds without a beat after which a writer beating every `heartbeat_interval` seconds
+    counts as gone (3 s at the default)."""
+    return MISSED_BEATS * heartbeat_interval
+
+
 def check_duration(seconds: float) -> float:
     """`seconds` if it is a number from 0 to MAX_DURATION (100 years), else ValueError."""
     if isinstance(seconds, bool) or not isinstance(seconds, int | float):

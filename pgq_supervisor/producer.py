@@ -7,14 +7,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Unpack, overload
 
 from pgq_supervisor import db
-from pgq_supervisor.client import (
-    EnqueueOptions,
-    _check_type,
-    _schema,
-    enqueue,
-    enqueue_async,
-)
+from pgq_supervisor.client import EnqueueOptions, enqueue, enqueue_async
 from pgq_supervisor.jobs import JobId, JobRecord, JsonValue, NewJob
+from pgq_supervisor.manage import _check_type, _schema
 from pgq_supervisor.waiting import wait, wait_async
 
 if TYPE_CHECKING:

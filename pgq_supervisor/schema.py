@@ -5,6 +5,9 @@ wheel as `pgq_supervisor/schema/`. Each runs with `search_path` set to the targe
 the files hold no schema name; identifiers are composed with psycopg.sql. Only the version
 numbers are recorded (no checksum): an applied file is never read again.
 
+`migrate`, `pending` and `applied_versions` are plans (db/plans.py): `migrate(conn, schema)`
+runs sync, `await migrate.run_async(aconn, schema)` async.
+
 Adding a migration: the next free number; names unqualified, functions with `SET search_path
 FROM CURRENT`; never change what a released file does (databases that applied it keep the
 old one; only the version number is recorded, so a comment may be corrected). Then run
@@ -24,7 +27,8 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import TupleRow, tuple_row
 
-from pgq_supervisor.db import atomic, wrapped
+from pgq_supervisor.db import wrapped
+from pgq_supervisor.db.plans import Plan, Twin, atomic, execute, fetch, fetch_one, savepoint
 from pgq_supervisor.errors import MigrationLocked, PgqError
 
 log = logging.getLogger(__name__)
@@ -63,36 +67,37 @@ def available() -> list[Migration]:
     return found
 
 
-def applied_versions(conn: psycopg.Connection[TupleRow], schema: str) -> list[int]:
+@Twin
+def applied_versions(schema: str) -> Plan[list[int]]:
     # a cursor of tuples: a caller's connection may have another row factory (dict_row)
-    with wrapped(), conn.cursor(row_factory=tuple_row) as cur:
-        exists = cur.execute(
+    with wrapped():
+        exists = yield from fetch_one(
             "SELECT 1 FROM pg_tables WHERE schemaname = %s AND tablename = 'schema_version'",
             (schema,),
-        ).fetchone()
+            tuple_row,
+        )
         if exists is None:
             return []
-        rows = cur.execute(
+        rows = yield from fetch(
             sql.SQL("SELECT version FROM {}.schema_version ORDER BY version").format(
                 sql.Identifier(schema)
-            )
-        ).fetchall()
+            ),
+            None,
+            tuple_row,
+        )
     return [int(r[0]) for r in rows]
 
 
-def pending(conn: psycopg.Connection[TupleRow], schema: str) -> list[Migration]:
+@Twin
+def pending(schema: str) -> Plan[list[Migration]]:
     """The migrations `schema` has not applied yet (read only: any role that may read the
     schema's `schema_version` may ask)."""
-    current = set(applied_versions(conn, schema))
+    current = set((yield from applied_versions.plan(schema)))
     return [m for m in available() if m.version not in current]
 
 
-def migrate(
-    conn: psycopg.Connection[TupleRow],
-    schema: str,
-    *,
-    lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
-) -> list[int]:
+@Twin
+def migrate(schema: str, *, lock_timeout: float = DEFAULT_LOCK_TIMEOUT) -> Plan[list[int]]:
     """Bring `schema` up to the newest migration. Returns the versions applied now.
 
     With nothing to apply it only reads (`schema_version`): a role without DDL rights, such as
@@ -104,43 +109,42 @@ def migrate(
     connection, else a savepoint in the caller's, which commits it and holds the lock until
     then): a failing migration leaves the database as it was.
     """
-    with atomic(conn):
-        if not pending(conn, schema):
-            return []
+    if not (yield from atomic(pending.plan(schema))):
+        return []
+    return (yield from atomic(_apply(schema, lock_timeout)))
+
+
+def _apply(schema: str, lock_timeout: float) -> Plan[list[int]]:
     ident = sql.Identifier(schema)
     done: list[int] = []
-    with atomic(conn):
-        _take_lock(conn, lock_timeout)
-        conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(ident))
-        conn.execute(
-            sql.SQL(
-                "CREATE TABLE IF NOT EXISTS {}.schema_version ("
-                " version integer PRIMARY KEY, name text NOT NULL,"
-                " applied_at timestamptz NOT NULL DEFAULT now())"
-            ).format(ident)
+    yield from _take_lock(lock_timeout)
+    yield from execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(ident))
+    yield from execute(
+        sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {}.schema_version ("
+            " version integer PRIMARY KEY, name text NOT NULL,"
+            " applied_at timestamptz NOT NULL DEFAULT now())"
+        ).format(ident)
+    )
+    current = set((yield from applied_versions.plan(schema)))
+    # In the caller's transaction a SET LOCAL outlives the savepoint: put its path back after.
+    row = yield from fetch_one("SELECT current_setting('search_path')", None, tuple_row)
+    callers_path = None if row is None else str(row[0])
+    # pg_temp named last: functions capture this path (SET search_path FROM CURRENT), and one
+    # that runs as its owner must not resolve a name to its caller's temporary table
+    yield from execute(sql.SQL("SET LOCAL search_path TO {}, pg_catalog, pg_temp").format(ident))
+    for mig in available():
+        if mig.version in current:
+            continue
+        # Our own packaged file, never input.
+        text: LiteralString = mig.path.read_text(encoding="utf-8")
+        yield from execute(text)
+        yield from execute(
+            sql.SQL("INSERT INTO {}.schema_version (version, name) VALUES (%s, %s)").format(ident),
+            (mig.version, mig.name),
         )
-        current = set(applied_versions(conn, schema))
-        # In the caller's transaction a SET LOCAL outlives the savepoint: put its path back after.
-        with conn.cursor(row_factory=tuple_row) as cur:
-            row = cur.execute("SELECT current_setting('search_path')").fetchone()
-        callers_path = None if row is None else str(row[0])
-        # pg_temp named last: functions capture this path (SET search_path FROM CURRENT), and one
-        # that runs as its owner must not resolve a name to its caller's temporary table
-        conn.execute(sql.SQL("SET LOCAL search_path TO {}, pg_catalog, pg_temp").format(ident))
-        for mig in available():
-            if mig.version in current:
-                continue
-            # Our own packaged file, never input.
-            text: LiteralString = mig.path.read_text(encoding="utf-8")
-            conn.execute(text)
-            conn.execute(
-                sql.SQL("INSERT INTO {}.schema_version (version, name) VALUES (%s, %s)").format(
-                    ident
-                ),
-                (mig.version, mig.name),
-            )
-            done.append(mig.version)
-        conn.execute("SELECT set_config('search_path', %s, true)", (callers_path,))
+        done.append(mig.version)
+    yield from execute("SELECT set_config('search_path', %s, true)", (callers_path,))
     return done
 
 
@@ -155,10 +159,9 @@ ORDER BY l.pid
 """
 
 
-def _holders(conn: psycopg.Connection[TupleRow]) -> str:
+def _holders() -> Plan[str]:
     """Who holds the migration lock: `pid 123 (user app, application_name 'psql')`."""
-    with conn.cursor(row_factory=tuple_row) as cur:
-        rows = cur.execute(_HOLDERS, {"key": _LOCK_KEY}).fetchall()
+    rows = yield from fetch(_HOLDERS, {"key": _LOCK_KEY}, tuple_row)
     if not rows:
         return "another session (gone since)"
     return ", ".join(
@@ -166,41 +169,43 @@ def _holders(conn: psycopg.Connection[TupleRow]) -> str:
     )
 
 
-def _take_lock(conn: psycopg.Connection[TupleRow], timeout: float) -> None:
+def _take_lock(timeout: float) -> Plan[None]:
     """The migration lock, for this transaction: at once if free, else waited for up to
     `timeout` seconds (said once, naming the holder), else MigrationLocked."""
-    with conn.cursor(row_factory=tuple_row) as cur:
-        row = cur.execute("SELECT pg_try_advisory_xact_lock(%s)", (_LOCK_KEY,)).fetchone()
-        if row is not None and row[0]:
-            return
-        holder = _holders(conn)
-        if timeout > 0:
-            log.warning(
-                "waiting up to %g s (migrate_lock_timeout) for the migration lock, held by %s",
-                timeout,
-                holder,
-            )
-            before = cur.execute("SELECT current_setting('lock_timeout')").fetchone()
-            try:
-                with conn.transaction():  # a savepoint: a timeout leaves the block usable
-                    cur.execute(
-                        "SELECT set_config('lock_timeout', %s, true)",
-                        (f"{max(1, round(timeout * 1000))}ms",),
-                    )
-                    cur.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
-                    # the savepoint's release keeps the lock (it is the transaction's) and the
-                    # setting: the caller's own lock_timeout back
-                    cur.execute(
-                        "SELECT set_config('lock_timeout', %s, true)",
-                        (None if before is None else str(before[0]),),
-                    )
-                return
-            except psycopg.errors.LockNotAvailable:
-                holder = _holders(conn)
-        raise MigrationLocked(
-            f"the migration lock is held by {holder}: waited {timeout:g} s for it"
-            " (migrate_lock_timeout, migrate --lock-timeout); nothing applied"
+    row = yield from fetch_one("SELECT pg_try_advisory_xact_lock(%s)", (_LOCK_KEY,), tuple_row)
+    if row is not None and row[0]:
+        return
+    holder = yield from _holders()
+    if timeout > 0:
+        log.warning(
+            "waiting up to %g s (migrate_lock_timeout) for the migration lock, held by %s",
+            timeout,
+            holder,
         )
+        before = yield from fetch_one("SELECT current_setting('lock_timeout')", None, tuple_row)
+        try:
+            # a savepoint: a timeout leaves the block usable
+            yield from savepoint(_wait_for_lock(timeout, None if before is None else before[0]))
+            return
+        except psycopg.errors.LockNotAvailable:
+            holder = yield from _holders()
+    raise MigrationLocked(
+        f"the migration lock is held by {holder}: waited {timeout:g} s for it"
+        " (migrate_lock_timeout, migrate --lock-timeout); nothing applied"
+    )
+
+
+def _wait_for_lock(timeout: float, callers_timeout: object) -> Plan[None]:
+    yield from execute(
+        "SELECT set_config('lock_timeout', %s, true)", (f"{max(1, round(timeout * 1000))}ms",)
+    )
+    yield from execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
+    # the savepoint's release keeps the lock (it is the transaction's) and the setting: the
+    # caller's own lock_timeout back
+    yield from execute(
+        "SELECT set_config('lock_timeout', %s, true)",
+        (None if callers_timeout is None else str(callers_timeout),),
+    )
 
 
 def drop(conn: psycopg.Connection[TupleRow], schema: str) -> None:

@@ -21,7 +21,13 @@ from pydantic import (
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from pgq_supervisor.errors import ConfigError, InvalidInput
-from pgq_supervisor.jobs import MAX_DURATION, check_duration
+from pgq_supervisor.jobs import (
+    DEFAULT_HEARTBEAT_INTERVAL,
+    MAX_DURATION,
+    MISSED_BEATS,
+    check_duration,
+    stale_after,
+)
 from pgq_supervisor.jsontext import DEFAULT_MAX_PAYLOAD_BYTES, MAX_PAYLOAD_CAP
 from pgq_supervisor.redaction import hide_password
 
@@ -81,7 +87,10 @@ class Settings(BaseSettings):
     # 1 s: a dead pod's jobs are taken back once its lock is free and their heartbeat is 1.5
     # intervals old (rescuer.py); a beat is one UPDATE of the child's own row (schema/0025)
     heartbeat_interval: float = Field(
-        1.0, gt=0, le=MAX_DURATION, description="seconds between a child's heartbeats"
+        DEFAULT_HEARTBEAT_INTERVAL,
+        gt=0,
+        le=MAX_DURATION,
+        description="seconds between a child's heartbeats",
     )
     dead_after: float = Field(
         30.0,
@@ -279,9 +288,10 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _check(self) -> Self:
-        if self.dead_after < 3 * self.heartbeat_interval:
+        if self.dead_after < stale_after(self.heartbeat_interval):
             raise ValueError(
-                f"dead_after ({self.dead_after:g} s) must be at least 3 x heartbeat_interval"
+                f"dead_after ({self.dead_after:g} s) must be at least {MISSED_BEATS} x"
+                " heartbeat_interval"
                 f" ({self.heartbeat_interval:g} s)"
             )
         return self

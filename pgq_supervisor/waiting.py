@@ -33,14 +33,14 @@ from pgq_supervisor.errors import DatabaseError, InvalidInput, JobNotFound
 from pgq_supervisor.frameworks import AsyncConnLike, ConnLike, as_psycopg, as_psycopg_async
 from pgq_supervisor.ids import job_id as parse_job_id
 from pgq_supervisor.ids import job_ids as parse_job_ids
-from pgq_supervisor.jobs import IdLike, JobId, JobRecord, JobState
+from pgq_supervisor.jobs import IdLike, JobId, JobRecord, JobState, stale_after
 
 STOPPED_CHANNEL = "pgq_job_stopped"
 PROGRESS_CHANNEL = "pgq_job_progress"
 SAFETY_RECHECK = 5.0  # seconds between re-reads of every job still waited on
-# A timeout names the pending types no supervisor seen this recently serves (the supervisor
-# table, schema/0010: a live one refreshes its row every heartbeat interval, 1 s by default)
-UNSERVED_SEEN_WITHIN = 60.0
+# A timeout names the pending types no live supervisor serves (the supervisor table,
+# schema/0010: a live one refreshed its row within three of the default heartbeat intervals)
+UNSERVED_SEEN_WITHIN = stale_after()
 MAX_SERVED_NAMED = 10  # served types a timeout names
 
 OnProgress = Callable[[JobRecord], None]

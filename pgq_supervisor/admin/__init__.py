@@ -41,6 +41,7 @@ from pgq_supervisor.jobs import (
     JsonValue,
     TypeStats,
     check_type_name,
+    stale_after,
 )
 from pgq_supervisor.settings import Settings, parse_duration
 
@@ -165,7 +166,7 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
         supervisors = db.list_supervisors(conn, settings.db_schema)
     rows = _status_rows(stats)
     pending = {r.type: r.counts[JobState.PENDING] for r in rows}
-    served = coverage(pending, supervisors, settings.heartbeat_interval)
+    served = coverage(pending, supervisors, stale_after(settings.heartbeat_interval))
     total = _StatusRow("TOTAL")
     for r in rows:
         total.add(r)

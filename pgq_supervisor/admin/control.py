@@ -12,7 +12,7 @@ import json
 import socket
 from collections.abc import Sequence
 
-from pgq_supervisor import client, db
+from pgq_supervisor import db, manage
 from pgq_supervisor.connect import open_db
 from pgq_supervisor.jobs import JsonValue
 from pgq_supervisor.settings import Settings
@@ -22,7 +22,7 @@ def cmd_pause(args: argparse.Namespace, settings: Settings) -> int:
     type_: str = args.type
     _, conn = open_db(settings)
     with conn:
-        changed = client.pause(
+        changed = manage.pause(
             conn, type_, reason=args.reason, by=_who(), schema=settings.db_schema
         )
         control = _control_of(db.type_controls(conn, settings.db_schema), type_)
@@ -50,7 +50,7 @@ def cmd_resume(args: argparse.Namespace, settings: Settings) -> int:
     type_: str = args.type
     _, conn = open_db(settings)
     with conn:
-        changed = client.resume(conn, type_, schema=settings.db_schema)
+        changed = manage.resume(conn, type_, schema=settings.db_schema)
     if args.json:
         print(json.dumps({"type": type_, "paused": False, "changed": changed}))
     elif changed:

@@ -21,6 +21,7 @@ from pgq_supervisor.coverage import Coverage, read_coverage
 from pgq_supervisor.db.health import Health, read_health
 from pgq_supervisor.display import plural
 from pgq_supervisor.errors import InvalidInput
+from pgq_supervisor.jobs import stale_after
 from pgq_supervisor.settings import Settings, parse_duration
 from pgq_supervisor.vacuum import MAX_TRANSACTION_AGE, MAX_XMIN_AGE, Finding, diagnose, mib
 
@@ -60,7 +61,7 @@ def cmd_doctor(args: argparse.Namespace, settings: Settings) -> int:
     _, conn = open_db(settings)
     with conn:
         health = read_health(conn, schema, older_than=max_age)
-        cover = read_coverage(conn, schema, settings.heartbeat_interval)
+        cover = read_coverage(conn, schema, stale_after(settings.heartbeat_interval))
     findings = diagnose(health, schema, max_age=max_age, max_xmin_age=args.max_xmin_age)
     findings += cover.findings()
     if args.json:

@@ -22,7 +22,7 @@ from pgq_supervisor.display import (
     step_line,
 )
 from pgq_supervisor.display import shown as clipped
-from pgq_supervisor.jobs import JobId, JobRecord, JobState, JsonValue
+from pgq_supervisor.jobs import JobId, JobRecord, JobState, JsonValue, stale_after
 from pgq_supervisor.settings import Settings
 from pgq_supervisor.steps import StepView
 
@@ -121,7 +121,8 @@ def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
             held = not_started(db.list_supervisors(conn, settings.db_schema), record)
         elif record.state is JobState.PENDING:
             supervisors = db.list_supervisors(conn, settings.db_schema)
-            cover = coverage({record.type: 1}, supervisors, settings.heartbeat_interval)
+            window = stale_after(settings.heartbeat_interval)
+            cover = coverage({record.type: 1}, supervisors, window)
         steps = workflows.steps(conn, settings.db_schema, job_id)
     gap = cover.unserved[0] if cover is not None and cover.unserved else None
     if args.json:

@@ -1,10 +1,10 @@
 """`workers`: each registered supervisor (host, pid, procs, started, last seen) and each of its
 children (state, job in hand, jobs claimed but not started, jobs done), from the supervisor
-table (schema/0010). A row not refreshed for 3 x heartbeat_interval is marked stale: its
-supervisor was killed or cannot reach the database. `not_started` tells, from the same rows,
-whether a running job was claimed but not started when its worker was last seen (`show`, the
-dashboard's job page). And `dashboard-indexes`: the dashboard Jobs page's opt-in indexes
-(schema/0010). Registered by admin.add_commands."""
+table (schema/0010). A row not refreshed for three heartbeats (jobs.stale_after) is marked
+stale: its supervisor was killed or cannot reach the database. `not_started` tells, from the
+same rows, whether a running job was claimed but not started when its worker was last seen
+(`show`, the dashboard's job page). And `dashboard-indexes`: the dashboard Jobs page's opt-in
+indexes (schema/0010). Registered by admin.add_commands."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import argparse
 import json
 from typing import TypeVar
 
-from pgq_supervisor import db
+from pgq_supervisor import db, jobs
 from pgq_supervisor.connect import open_db
 from pgq_supervisor.coverage import is_stale
 from pgq_supervisor.db.rows import SupervisorRecord
@@ -64,7 +64,7 @@ def in_hand(child: dict[str, JsonValue]) -> str:
     return job
 
 
-def record_json(record: SupervisorRecord, heartbeat_interval: float) -> dict[str, JsonValue]:
+def record_json(record: SupervisorRecord, stale_after: float) -> dict[str, JsonValue]:
     return {
         "id": record.id,
         "host": record.host,
@@ -74,7 +74,7 @@ def record_json(record: SupervisorRecord, heartbeat_interval: float) -> dict[str
         "started_at": record.started_at.isoformat(),
         "seen_at": record.seen_at.isoformat(),
         "seen_ago": round(record.seen_ago, 3),
-        "stale": is_stale(record, heartbeat_interval),
+        "stale": is_stale(record, stale_after),
         "children": list(children_of(record)),
     }
 
@@ -83,15 +83,15 @@ def cmd_workers(args: argparse.Namespace, settings: Settings) -> int:
     _, conn = open_db(settings)
     with conn:
         records = db.list_supervisors(conn, settings.db_schema)
-    beat = settings.heartbeat_interval
+    window = jobs.stale_after(settings.heartbeat_interval)
     if args.json:
-        print(json.dumps({"supervisors": [record_json(r, beat) for r in records]}))
+        print(json.dumps({"supervisors": [record_json(r, window) for r in records]}))
         return 0
     if not records:
         print("no supervisor is registered")
         return 0
     for r in records:
-        stale = "  STALE" if is_stale(r, beat) else ""
+        stale = "  STALE" if is_stale(r, window) else ""
         print(
             f"{r.host} pid {r.pid}  {plural(r.procs, 'proc')}  types {','.join(r.types)}"
             f"  started {r.started_at:%Y-%m-%d %H:%M:%S %Z}  seen {r.seen_ago:.0f} s ago{stale}"

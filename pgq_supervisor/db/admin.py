@@ -1,4 +1,7 @@
-"""Administration and reading: cancel, reset, retry, look up, list, purge, count."""
+"""Administration and reading: cancel, reset, retry, look up, list, purge, count.
+
+The calls the public API has in both kinds are plans (db/plans.py): `cancel(conn, ...)` runs
+sync, `await cancel.run_async(aconn, ...)` async, from the one source."""
 
 from __future__ import annotations
 
@@ -21,25 +24,26 @@ from pgq_supervisor.db.params import (
     ResetParams,
     TypeFilterParams,
 )
+from pgq_supervisor.db.plans import Plan, Twin, execute, fetch, fetch_one
 from pgq_supervisor.errors import JobNotFound
 from pgq_supervisor.jobs import Bundle, BundleId, JobId, JobRecord, JobState, TypeStats
 
 
-def _job_state(conn: Conn, schema: str, job_id: JobId) -> JobState:
+def _job_state(schema: str, job_id: JobId) -> Plan[JobState]:
     params: IdParams = {"id": job_id}
-    with cursor(conn, scalar_row) as cur:
-        state: str | None = cur.execute(statement("job_state", schema), params).fetchone()
+    state: str | None = yield from fetch_one(statement("job_state", schema), params, scalar_row)
     if state is None:
         raise JobNotFound(f"no job with id {job_id}")
     return JobState(state)
 
 
-def cancel(conn: Conn, schema: str, job_id: JobId) -> rows.CancelResult:
+@Twin
+def cancel(schema: str, job_id: JobId) -> Plan[rows.CancelResult]:
     """Cancel a pending or running job (see the `cancel` statement). The result says the state
     it was in and whether it is cancelled now; JobNotFound for an unknown id."""
     params: IdParams = {"id": job_id}
-    with wrapped(), cursor(conn, rows.CANCEL_RESULT) as cur:
-        result = cur.execute(statement("cancel", schema), params).fetchone()
+    with wrapped():
+        result = yield from fetch_one(statement("cancel", schema), params, rows.CANCEL_RESULT)
     if result is None:
         raise JobNotFound(f"no job with id {job_id}")
     return result
@@ -52,36 +56,42 @@ def cancelled_among(conn: Conn, schema: str, ids: Sequence[JobId]) -> set[JobId]
         return set(cur.execute(statement("cancelled_among", schema), params).fetchall())
 
 
-def reset(conn: Conn, schema: str, job_id: JobId, force: bool) -> JobState | None:
+@Twin
+def reset(schema: str, job_id: JobId, force: bool) -> Plan[JobState | None]:
     """Reset a job to pending. Returns None when done, else the state that prevented it."""
     params: ResetParams = {"id": job_id, "force": force}
     with wrapped():
-        with cursor(conn, tuple_row) as cur:
-            if cur.execute(statement("reset", schema), params).fetchone() is not None:
-                return None
-        return _job_state(conn, schema, job_id)
+        done = yield from fetch_one(statement("reset", schema), params, tuple_row)
+        if done is not None:
+            return None
+        return (yield from _job_state(schema, job_id))
 
 
-def retry_failed(conn: Conn, schema: str, type_: str | None) -> int:
+@Twin
+def retry_failed(schema: str, type_: str | None) -> Plan[int]:
     params: TypeFilterParams = {"type": type_}
-    with wrapped(), cursor(conn, scalar_row) as cur:
-        count: int | None = cur.execute(statement("retry_failed", schema), params).fetchone()
+    with wrapped():
+        count: int | None = yield from fetch_one(
+            statement("retry_failed", schema), params, scalar_row
+        )
     return 0 if count is None else int(count)
 
 
-def get_job(conn: Conn, schema: str, job_id: JobId) -> JobRecord:
+@Twin
+def get_job(schema: str, job_id: JobId) -> Plan[JobRecord]:
     params: IdParams = {"id": job_id}
-    with wrapped(), cursor(conn, rows.JOB_RECORD) as cur:
-        job = cur.execute(statement("get_job", schema), params).fetchone()
+    with wrapped():
+        job = yield from fetch_one(statement("get_job", schema), params, rows.JOB_RECORD)
     if job is None:
         raise JobNotFound(f"no job with id {job_id}")
     return job
 
 
-def get_bundle(conn: Conn, schema: str, bundle_id: BundleId) -> Bundle:
+@Twin
+def get_bundle(schema: str, bundle_id: BundleId) -> Plan[Bundle]:
     params: IdParams = {"id": bundle_id}
-    with wrapped(), cursor(conn, rows.BUNDLE) as cur:
-        bundle = cur.execute(statement("get_bundle", schema), params).fetchone()
+    with wrapped():
+        bundle = yield from fetch_one(statement("get_bundle", schema), params, rows.BUNDLE)
     if bundle is None:
         raise JobNotFound(f"no bundle with id {bundle_id}")
     return bundle
@@ -95,8 +105,8 @@ def list_jobs(
         return cur.execute(statement("list_jobs", schema), params).fetchall()
 
 
+@Twin
 def delete_finished(
-    conn: Conn,
     schema: str,
     older_than: float,
     states: Sequence[JobState],
@@ -104,7 +114,7 @@ def delete_finished(
     max_rows: int | None = None,
     *,
     zone: float | None = None,
-) -> int:
+) -> Plan[int]:
     """Delete finished jobs in batches, each in its own transaction when autocommit is on.
 
     Stops after about `max_rows` (whole batches) when given, so a caller with a loop to keep
@@ -125,27 +135,28 @@ def delete_finished(
     bundles: OlderThanParams = {"older_than": older_than}
     with wrapped():
         while True:
-            n = conn.execute(query, params).rowcount
+            n = yield from execute(query, params)
             total += max(n, 0)
             if n < batch or (max_rows is not None and total >= max_rows):
                 break
-        conn.execute(statement("delete_empty_bundles", schema), bundles)
+        yield from execute(statement("delete_empty_bundles", schema), bundles)
     return total
 
 
-def queue_stats(conn: Conn, schema: str, *, active_only: bool = False) -> list[TypeStats]:
+@Twin
+def queue_stats(schema: str, *, active_only: bool = False) -> Plan[list[TypeStats]]:
     """Counts per type and state; `active_only` reads just pending and running jobs (cheap)."""
-    with wrapped(), cursor(conn, rows.TYPE_STATS) as cur:
-        return cur.execute(
-            statement("active_stats" if active_only else "queue_stats", schema)
-        ).fetchall()
+    query = statement("active_stats" if active_only else "queue_stats", schema)
+    with wrapped():
+        return (yield from fetch(query, None, rows.TYPE_STATS))
 
 
-def depth(conn: Conn, schema: str, type_: str | None = None) -> int:
+@Twin
+def depth(schema: str, type_: str | None = None) -> Plan[int]:
     """Jobs a claim could take now (of `type_`, or of every type): the schema's depth()."""
     params: DepthParams = {"types": None if type_ is None else [type_]}
-    with wrapped(), cursor(conn, scalar_row) as cur:
-        count: int | None = cur.execute(statement("depth", schema), params).fetchone()
+    with wrapped():
+        count: int | None = yield from fetch_one(statement("depth", schema), params, scalar_row)
     return 0 if count is None else int(count)
 
 

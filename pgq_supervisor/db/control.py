@@ -18,29 +18,36 @@ from pgq_supervisor.db.params import (
     TypeParams,
     TypesParams,
 )
+from pgq_supervisor.db.plans import Plan, Twin, execute, fetch_one
 
 
+@Twin
 def pause(
-    conn: Conn, schema: str, type_: str, *, paused_by: str | None, reason: str | None
-) -> datetime | None:
+    schema: str, type_: str, *, paused_by: str | None, reason: str | None
+) -> Plan[datetime | None]:
     """Pause `type_`; returns when, or None if it was paused already (then nothing changes)."""
     params: PauseParams = {"type": type_, "paused_by": paused_by, "reason": reason}
-    with wrapped(), cursor(conn, scalar_row) as cur:
-        paused_at: datetime | None = cur.execute(statement("pause_type", schema), params).fetchone()
+    with wrapped():
+        paused_at: datetime | None = yield from fetch_one(
+            statement("pause_type", schema), params, scalar_row
+        )
     return paused_at
 
 
-def set_tenant_weight(conn: Conn, schema: str, type_: str, tenant: str, weight: int) -> None:
+@Twin
+def set_tenant_weight(schema: str, type_: str, tenant: str, weight: int) -> Plan[None]:
     params: TenantWeightParams = {"type": type_, "tenant": tenant, "weight": weight}
     with wrapped():
-        conn.execute(statement("set_tenant_weight", schema), params)
+        yield from execute(statement("set_tenant_weight", schema), params)
 
 
-def resume(conn: Conn, schema: str, type_: str) -> bool:
+@Twin
+def resume(schema: str, type_: str) -> Plan[bool]:
     """Resume `type_` and wake its workers (on commit); False if it was not paused."""
     params: TypeParams = {"type": type_}
-    with wrapped(), cursor(conn, tuple_row) as cur:
-        return cur.execute(statement("resume_type", schema), params).fetchone() is not None
+    with wrapped():
+        row = yield from fetch_one(statement("resume_type", schema), params, tuple_row)
+    return row is not None
 
 
 def type_controls(conn: Conn, schema: str) -> list[rows.TypeControl]:

@@ -15,17 +15,9 @@ from typing import Literal
 from psycopg.rows import tuple_row
 
 from pgq_supervisor.db import enqueueing
-from pgq_supervisor.db.connection import (
-    AsyncConn,
-    Conn,
-    atomic,
-    atomic_async,
-    cursor,
-    cursor_async,
-    statement,
-    wrapped,
-)
+from pgq_supervisor.db.connection import statement, wrapped
 from pgq_supervisor.db.option_params import DebounceKeyParams, DebounceParams
+from pgq_supervisor.db.plans import Plan, atomic, execute, fetch_one
 from pgq_supervisor.errors import InvalidInput
 from pgq_supervisor.jobs import JobId, NewJob
 from pgq_supervisor.jsontext import dump_payload
@@ -65,41 +57,21 @@ def _behind(job: NewJob, running: JobId) -> NewJob:
     )
 
 
-def enqueue(conn: Conn, schema: str, job: NewJob) -> JobId:
+def enqueue(schema: str, job: NewJob) -> Plan[JobId]:
     check(job)
-    params = _params(job)
-    with atomic(conn):
-        with wrapped(), cursor(conn, tuple_row) as cur:
-            row = cur.execute(statement("debounce_holder", schema), params).fetchone()
-        if row is None:
-            return enqueueing.enqueue(conn, schema, dataclasses.replace(job, replace=False))
-        action, holder = str(row[0]), JobId(row[1])
-        if action == "replaced" or job.replace_running == "drop":
-            return holder
-        waiting = enqueueing.enqueue(conn, schema, _behind(job, holder))
-        key: DebounceKeyParams = {"id": waiting, "key": job.unique_key}
-        with wrapped():
-            conn.execute(statement("set_debounce_key", schema), key)
-        return waiting
+    return (yield from atomic(_replace_or_enqueue(schema, job, _params(job))))
 
 
-async def enqueue_async(conn: AsyncConn, schema: str, job: NewJob) -> JobId:
-    """`enqueue` on an async connection."""
-    check(job)
-    params = _params(job)
-    async with atomic_async(conn):
-        with wrapped():
-            async with cursor_async(conn, tuple_row) as cur:
-                await cur.execute(statement("debounce_holder", schema), params)
-                row = await cur.fetchone()
-        if row is None:
-            plain = dataclasses.replace(job, replace=False)
-            return await enqueueing.enqueue_async(conn, schema, plain)
-        action, holder = str(row[0]), JobId(row[1])
-        if action == "replaced" or job.replace_running == "drop":
-            return holder
-        waiting = await enqueueing.enqueue_async(conn, schema, _behind(job, holder))
-        key: DebounceKeyParams = {"id": waiting, "key": job.unique_key}
-        with wrapped():
-            await conn.execute(statement("set_debounce_key", schema), key)
-        return waiting
+def _replace_or_enqueue(schema: str, job: NewJob, params: DebounceParams) -> Plan[JobId]:
+    with wrapped():
+        row = yield from fetch_one(statement("debounce_holder", schema), params, tuple_row)
+    if row is None:
+        return (yield from enqueueing.enqueue(schema, dataclasses.replace(job, replace=False)))
+    action, holder = str(row[0]), JobId(row[1])
+    if action == "replaced" or job.replace_running == "drop":
+        return holder
+    waiting = yield from enqueueing.enqueue(schema, _behind(job, holder))
+    key: DebounceKeyParams = {"id": waiting, "key": job.unique_key}
+    with wrapped():
+        yield from execute(statement("set_debounce_key", schema), key)
+    return waiting

@@ -1,4 +1,5 @@
-"""Enqueue: validation, one job (sync and async), many jobs (INSERT or COPY), bundles.
+"""Enqueue: validation, one job, many jobs (INSERT or COPY), bundles; each written once as a
+plan (db/plans.py) that windows.py's `enqueue` and `enqueue_many` run sync or async.
 
 Jobs with dependencies are inserted waiting and then linked (`link_dependencies`, schema/0005)
 in one `atomic` block, so an unknown dependency id leaves nothing written and the caller's
@@ -15,20 +16,11 @@ from contextlib import contextmanager
 from datetime import datetime
 
 import psycopg
-from psycopg.rows import scalar_row, tuple_row
+from psycopg.rows import scalar_row
 
 from pgq_supervisor import ids
 from pgq_supervisor.db import rows
-from pgq_supervisor.db.connection import (
-    AsyncConn,
-    Conn,
-    atomic,
-    atomic_async,
-    cursor,
-    cursor_async,
-    statement,
-    wrapped,
-)
+from pgq_supervisor.db.connection import statement, wrapped
 from pgq_supervisor.db.params import (
     BundleParams,
     EnqueueManyParams,
@@ -38,6 +30,7 @@ from pgq_supervisor.db.params import (
     new_id,
     time_ordered,
 )
+from pgq_supervisor.db.plans import Plan, Twin, atomic, copy, execute, fetch, fetch_one
 from pgq_supervisor.errors import DatabaseError, InvalidInput
 from pgq_supervisor.inputs import MAX_ORIGIN, check_new_job, check_text
 from pgq_supervisor.jobs import Bundle, BundleId, JobId, NewJob, check_type_name
@@ -118,64 +111,40 @@ def enqueue_params(job: NewJob) -> EnqueueRow:
     }
 
 
-def enqueue(conn: Conn, schema: str, job: NewJob) -> JobId:
+def enqueue(schema: str, job: NewJob) -> Plan[JobId]:
     params = enqueue_params(job)
     deps = params["depends_on"]
     if deps is None:
-        return _enqueue_one(conn, schema, job, params)
-    with atomic(conn), _unknown_dependency():
-        job_id = _enqueue_one(conn, schema, job, params)
+        return (yield from _enqueue_one(schema, job, params))
+    return (yield from atomic(_enqueue_linked(schema, job, params, deps)))
+
+
+def _enqueue_linked(
+    schema: str, job: NewJob, params: EnqueueRow, deps: list[uuid.UUID]
+) -> Plan[JobId]:
+    with _unknown_dependency():
+        job_id = yield from _enqueue_one(schema, job, params)
         if job_id == params["id"]:  # else its unique_key is held: that job's links stand
-            conn.execute(statement("link_dependencies", schema), _link_params([job_id], [deps]))
+            link = _link_params([job_id], [deps])
+            yield from execute(statement("link_dependencies", schema), link)
         return job_id
 
 
-def _enqueue_one(conn: Conn, schema: str, job: NewJob, params: EnqueueRow) -> JobId:
+def _enqueue_one(schema: str, job: NewJob, params: EnqueueRow) -> Plan[JobId]:
     with wrapped():
-        with cursor(conn, scalar_row) as cur:
-            inserted: uuid.UUID | None = cur.execute(
-                statement("enqueue", schema), params
-            ).fetchone()
+        inserted: uuid.UUID | None = yield from fetch_one(
+            statement("enqueue", schema), params, scalar_row
+        )
         if inserted is not None:
             return JobId(inserted)
         # no row: the job's unique_key is held (a job without one is always inserted)
-        return _existing_for_keys(conn, schema, [job.unique_key])[0]
+        return (yield from _existing_for_keys(schema, [job.unique_key]))[0]
 
 
-async def enqueue_async(conn: AsyncConn, schema: str, job: NewJob) -> JobId:
-    params = enqueue_params(job)
-    deps = params["depends_on"]
-    if deps is None:
-        return await _enqueue_one_async(conn, schema, job, params)
-    async with atomic_async(conn):
-        with _unknown_dependency():
-            job_id = await _enqueue_one_async(conn, schema, job, params)
-            if job_id == params["id"]:
-                link = _link_params([job_id], [deps])
-                await conn.execute(statement("link_dependencies", schema), link)
-            return job_id
-
-
-async def _enqueue_one_async(
-    conn: AsyncConn, schema: str, job: NewJob, params: EnqueueRow
-) -> JobId:
-    with wrapped():
-        async with cursor_async(conn, scalar_row) as cur:
-            await cur.execute(statement("enqueue", schema), params)
-            inserted: uuid.UUID | None = await cur.fetchone()
-        if inserted is not None:
-            return JobId(inserted)
-        keys: UniqueKeysParams = {"keys": [job.unique_key]}
-        async with cursor_async(conn, rows.UNIQUE_HOLDER) as holders:
-            await holders.execute(statement("unfinished_by_unique_keys", schema), keys)
-            found = await holders.fetchall()
-        return _resolve_existing(keys["keys"], found)[0]
-
-
-def _existing_for_keys(conn: Conn, schema: str, keys: list[str | None]) -> list[JobId]:
+def _existing_for_keys(schema: str, keys: list[str | None]) -> Plan[list[JobId]]:
     params: UniqueKeysParams = {"keys": keys}
-    with cursor(conn, rows.UNIQUE_HOLDER) as cur:
-        found = cur.execute(statement("unfinished_by_unique_keys", schema), params).fetchall()
+    query = statement("unfinished_by_unique_keys", schema)
+    found = yield from fetch(query, params, rows.UNIQUE_HOLDER)
     return _resolve_existing(keys, found)
 
 
@@ -273,46 +242,51 @@ def _sequential_ids_start() -> int:
 
 
 def enqueue_many(
-    conn: Conn, schema: str, jobs: Sequence[NewJob], bundle_id: BundleId | None = None
-) -> list[JobId]:
+    schema: str, jobs: Sequence[NewJob], bundle_id: BundleId | None = None
+) -> Plan[list[JobId]]:
     if not jobs:
         return []
     if all(_copyable(job) for job in jobs):
-        return _enqueue_copy(conn, schema, jobs, bundle_id)
+        return (yield from _enqueue_copy(schema, jobs, bundle_id))
     params = enqueue_many_params(jobs, bundle_id)
     if any(d is not None for d in params["depends_ons"]):
-        # Jobs of the batch cannot depend on each other (their ids are made here), so every
-        # edge points to a job that existed before: no cycle can form.
-        with atomic(conn), _unknown_dependency():
-            out = _insert_many(conn, schema, jobs, params)
-            inserted = [(i, job_id) for i, job_id in enumerate(out) if job_id == params["ids"][i]]
-            deps = [_dependencies(jobs[i]) for i, _ in inserted]
-            link = _link_params([job_id for _, job_id in inserted], deps)
-            if link["jobs"]:
-                conn.execute(statement("link_dependencies", schema), link)
-            return out
+        return (yield from atomic(_insert_many_linked(schema, jobs, params)))
     if any(k is not None for k in params["unique_keys"]):
         # the insert and the look-up of the holders of taken keys, in one transaction: on an
         # autocommit connection a failed look-up must not leave the inserted rows behind
-        with atomic(conn):
-            return _insert_many(conn, schema, jobs, params)
-    return _insert_many(conn, schema, jobs, params)
+        return (yield from atomic(_insert_many(schema, jobs, params)))
+    return (yield from _insert_many(schema, jobs, params))
+
+
+def _insert_many_linked(
+    schema: str, jobs: Sequence[NewJob], params: EnqueueManyParams
+) -> Plan[list[JobId]]:
+    # Jobs of the batch cannot depend on each other (their ids are made here), so every
+    # edge points to a job that existed before: no cycle can form.
+    with _unknown_dependency():
+        out = yield from _insert_many(schema, jobs, params)
+        inserted = [(i, job_id) for i, job_id in enumerate(out) if job_id == params["ids"][i]]
+        deps = [_dependencies(jobs[i]) for i, _ in inserted]
+        link = _link_params([job_id for _, job_id in inserted], deps)
+        if link["jobs"]:
+            yield from execute(statement("link_dependencies", schema), link)
+        return out
 
 
 def _insert_many(
-    conn: Conn, schema: str, jobs: Sequence[NewJob], params: EnqueueManyParams
-) -> list[JobId]:
+    schema: str, jobs: Sequence[NewJob], params: EnqueueManyParams
+) -> Plan[list[JobId]]:
     out = [JobId(i) for i in params["ids"]]
-    with wrapped(), cursor(conn, scalar_row) as cur:
-        inserted: set[uuid.UUID] = set(
-            cur.execute(statement("enqueue_many", schema), params).fetchall()
-        )
+    with wrapped():
+        found = yield from fetch(statement("enqueue_many", schema), params, scalar_row)
+        inserted: set[uuid.UUID] = set(found)
         # jobs not inserted: their unique_key is held by an unfinished job, whose id they get
         missing = [i for i, job_id in enumerate(out) if job_id not in inserted]
         if missing:
             keys = [jobs[i].unique_key for i in missing]
-            for i, existing in zip(missing, _existing_for_keys(conn, schema, keys), strict=True):
-                out[i] = existing
+            existing = yield from _existing_for_keys(schema, keys)
+            for i, holder in zip(missing, existing, strict=True):
+                out[i] = holder
     return out
 
 
@@ -350,8 +324,8 @@ _COPY_CHUNK = 100
 
 
 def _enqueue_copy(
-    conn: Conn, schema: str, jobs: Sequence[NewJob], bundle_id: BundleId | None
-) -> list[JobId]:
+    schema: str, jobs: Sequence[NewJob], bundle_id: BundleId | None
+) -> Plan[list[JobId]]:
     """COPY the batch, in COPY's text format made here (psycopg's per-value adaptation,
     write_row, cost more than the server's whole insert), streamed in chunks so that the
     client's formatting overlaps the server's inserting. Everything that can refuse a job is
@@ -367,8 +341,8 @@ def _enqueue_copy(
     bundle = _NULL if bundle_id is None else bundle_id.hex
     trace_context = _copy_text(current_traceparent())
     types: dict[str, str] = {}  # each type of the batch, escaped once
-    copying = statement("enqueue_copy", schema)
-    with wrapped(), cursor(conn, tuple_row) as cur, cur.copy(copying) as copy:
+
+    def chunks() -> Iterator[str]:
         for start in range(0, len(jobs), _COPY_CHUNK):
             lines = []
             for i in range(start, min(start + _COPY_CHUNK, len(jobs))):
@@ -385,8 +359,11 @@ def _enqueue_copy(
                     f"\t{_copy_float(job.timeout)}\t{trace_context}"
                     f"\t{_copy_text(job.concurrency_key)}\t{_copy_text(job.tenant)}\n"
                 )
-            copy.write("".join(lines))
-            ids += [JobId(uuid.UUID(int=first_id + i)) for i in range(start, start + len(lines))]
+            yield "".join(lines)
+            ids.extend(JobId(uuid.UUID(int=first_id + i)) for i in range(start, start + len(lines)))
+
+    with wrapped():
+        yield from copy(statement("enqueue_copy", schema), chunks())
     return ids
 
 
@@ -402,9 +379,10 @@ def check_bundle(type_: str, origin: str | None, on_complete: str | None) -> Non
         check_text(origin, "origin", max_chars=MAX_ORIGIN)
 
 
+@Twin
 def insert_bundle(
-    conn: Conn, schema: str, type_: str, num_jobs: int, origin: str | None, on_complete: str | None
-) -> Bundle:
+    schema: str, type_: str, num_jobs: int, origin: str | None, on_complete: str | None
+) -> Plan[Bundle]:
     check_bundle(type_, origin, on_complete)
     params: BundleParams = {
         "id": new_id(),
@@ -413,7 +391,7 @@ def insert_bundle(
         "num_jobs": num_jobs,
         "on_complete": on_complete,
     }
-    with wrapped(), cursor(conn, rows.BUNDLE) as cur:
-        bundle = cur.execute(statement("insert_bundle", schema), params).fetchone()
+    with wrapped():
+        bundle = yield from fetch_one(statement("insert_bundle", schema), params, rows.BUNDLE)
     assert bundle is not None
     return bundle

@@ -2,9 +2,9 @@
 hold its unique_key too. The producers of one key serialise on a transaction-scoped advisory
 lock taken by `unique_holders`, and insert the keys found free in the same `atomic` block.
 
-`enqueue`, `enqueue_async` and `enqueue_many` here wrap enqueueing.py's (the db package
-exports these): a job without a window goes straight through, a windowed one is looked up
-first."""
+`enqueue` and `enqueue_many` here wrap enqueueing.py's (the db package exports these, each a
+plans.Twin: `enqueue(conn, ...)` sync, `await enqueue.run_async(aconn, ...)` async): a job
+without a window goes straight through, a windowed one is looked up first."""
 
 from __future__ import annotations
 
@@ -12,18 +12,11 @@ from collections.abc import Sequence
 from datetime import timedelta
 
 from pgq_supervisor.db import debounce, enqueueing, rows
-from pgq_supervisor.db.connection import (
-    AsyncConn,
-    Conn,
-    atomic,
-    atomic_async,
-    cursor,
-    cursor_async,
-    statement,
-    wrapped,
-)
+from pgq_supervisor.db.connection import statement, wrapped
 from pgq_supervisor.db.option_params import OrderedLinkParams, UniqueHoldersParams
+from pgq_supervisor.db.plans import Plan, Twin, atomic, execute, fetch
 from pgq_supervisor.errors import InvalidInput
+from pgq_supervisor.inputs import check_key
 from pgq_supervisor.jobs import MAX_DURATION, BundleId, JobId, JobState, NewJob
 
 # Unfinished jobs always hold their key (job_unique, schema/0027): only finished states are a
@@ -76,20 +69,12 @@ def _params(jobs: Sequence[NewJob]) -> UniqueHoldersParams:
     }
 
 
-def holders(conn: Conn, schema: str, jobs: Sequence[NewJob]) -> dict[str, JobId]:
+def holders(schema: str, jobs: Sequence[NewJob]) -> Plan[dict[str, JobId]]:
     """The job holding each key of `jobs` (all with unique_for), by key; a key found free is
     locked until the caller's transaction ends: insert it in that transaction."""
-    with wrapped(), cursor(conn, rows.UNIQUE_HOLDER) as cur:
-        found = cur.execute(statement("unique_holders", schema), _params(jobs)).fetchall()
-    return {h.unique_key: h.id for h in found}
-
-
-async def holders_async(conn: AsyncConn, schema: str, jobs: Sequence[NewJob]) -> dict[str, JobId]:
-    """`holders` on an async connection."""
     with wrapped():
-        async with cursor_async(conn, rows.UNIQUE_HOLDER) as cur:
-            await cur.execute(statement("unique_holders", schema), _params(jobs))
-            found = await cur.fetchall()
+        query = statement("unique_holders", schema)
+        found = yield from fetch(query, _params(jobs), rows.UNIQUE_HOLDER)
     return {h.unique_key: h.id for h in found}
 
 
@@ -97,56 +82,43 @@ def _windowed(job: NewJob) -> bool:
     return job.unique_for is not None or job.unique_states is not None
 
 
-def enqueue(conn: Conn, schema: str, job: NewJob) -> JobId:
+@Twin
+def enqueue(schema: str, job: NewJob) -> Plan[JobId]:
     """enqueueing.enqueue, or with a window: the key's holder's id, else the job inserted
     (debounce.py's with replace=True)."""
     if job.replace:
-        return debounce.enqueue(conn, schema, job)
+        return (yield from debounce.enqueue(schema, job))
     if job.ordered_key is not None:
         check_ordered(job)
         enqueueing.check_job(job)  # before the savepoint
-        with atomic(conn):
-            job_id = enqueueing.enqueue(conn, schema, job)
-            _link(conn, schema, [job_id], [job.ordered_key])
-            return job_id
+        return (yield from atomic(_enqueue_ordered(schema, job, job.ordered_key)))
     if not _windowed(job):
-        return enqueueing.enqueue(conn, schema, job)
+        return (yield from enqueueing.enqueue(schema, job))
     check(job)
     enqueueing.check_job(job)
-    with atomic(conn):
-        held = holders(conn, schema, [job])
-        if held:
-            return next(iter(held.values()))
-        return enqueueing.enqueue(conn, schema, job)
+    return (yield from atomic(_enqueue_windowed(schema, job)))
 
 
-async def enqueue_async(conn: AsyncConn, schema: str, job: NewJob) -> JobId:
-    """`enqueue` on an async connection."""
-    if job.replace:
-        return await debounce.enqueue_async(conn, schema, job)
-    if job.ordered_key is not None:
-        check_ordered(job)
-        enqueueing.check_job(job)
-        async with atomic_async(conn):
-            job_id = await enqueueing.enqueue_async(conn, schema, job)
-            link: OrderedLinkParams = {"ids": [job_id], "keys": [job.ordered_key]}
-            with wrapped():
-                await conn.execute(statement("ordered_link", schema), link)
-            return job_id
-    if not _windowed(job):
-        return await enqueueing.enqueue_async(conn, schema, job)
-    check(job)
-    enqueueing.check_job(job)
-    async with atomic_async(conn):
-        held = await holders_async(conn, schema, [job])
-        if held:
-            return next(iter(held.values()))
-        return await enqueueing.enqueue_async(conn, schema, job)
+enqueue_async = enqueue.run_async
 
 
+def _enqueue_ordered(schema: str, job: NewJob, key: str) -> Plan[JobId]:
+    job_id = yield from enqueueing.enqueue(schema, job)
+    yield from _link(schema, [job_id], [key])
+    return job_id
+
+
+def _enqueue_windowed(schema: str, job: NewJob) -> Plan[JobId]:
+    held = yield from holders(schema, [job])
+    if held:
+        return next(iter(held.values()))
+    return (yield from enqueueing.enqueue(schema, job))
+
+
+@Twin
 def enqueue_many(
-    conn: Conn, schema: str, jobs: Sequence[NewJob], bundle_id: BundleId | None = None
-) -> list[JobId]:
+    schema: str, jobs: Sequence[NewJob], bundle_id: BundleId | None = None
+) -> Plan[list[JobId]]:
     """enqueueing.enqueue_many; the windowed jobs of the batch whose key is held get the
     holder's id and are not inserted. Ids in input order."""
     # one pass over the batch for every option this module handles: the bulk path's only cost
@@ -159,60 +131,66 @@ def enqueue_many(
         or j.ordered_key is not None
     ]
     if not flagged:
-        return enqueueing.enqueue_many(conn, schema, jobs, bundle_id)
+        return (yield from enqueueing.enqueue_many(schema, jobs, bundle_id))
     ordered = [j for j in flagged if j.ordered_key is not None]
     if ordered:
-        return _enqueue_many_ordered(conn, schema, jobs, bundle_id, ordered)
+        return (yield from _enqueue_many_ordered(schema, jobs, bundle_id, ordered))
     windowed = flagged
     if any(j.replace for j in windowed):
         # each replacement is a look-up and a write under the key's lock: one job at a time
         raise InvalidInput("replace=True is for enqueue and enqueue_async, not enqueue_many")
-    if not windowed:
-        return enqueueing.enqueue_many(conn, schema, jobs, bundle_id)
     for job in windowed:
         check(job)
     enqueueing.check_jobs(jobs)  # before the savepoint and the look-up
-    with atomic(conn):
-        held = holders(conn, schema, windowed)
-        free = [j for j in jobs if not _windowed(j) or j.unique_key not in held]
-        inserted = iter(enqueueing.enqueue_many(conn, schema, free, bundle_id) if free else [])
-        out = []
-        for job in jobs:
-            key = job.unique_key
-            out.append(held[key] if _windowed(job) and key in held else next(inserted))
-        return out
+    return (yield from atomic(_enqueue_many_windowed(schema, jobs, bundle_id, windowed)))
+
+
+def _enqueue_many_windowed(
+    schema: str, jobs: Sequence[NewJob], bundle_id: BundleId | None, windowed: list[NewJob]
+) -> Plan[list[JobId]]:
+    held = yield from holders(schema, windowed)
+    free = [j for j in jobs if not _windowed(j) or j.unique_key not in held]
+    inserted = iter((yield from enqueueing.enqueue_many(schema, free, bundle_id)) if free else [])
+    out = []
+    for job in jobs:
+        key = job.unique_key
+        out.append(held[key] if _windowed(job) and key in held else next(inserted))
+    return out
 
 
 def check_ordered(job: NewJob) -> None:
     """InvalidInput unless the job's ordered_key is a key and it has no option it contradicts."""
-    key = job.ordered_key
-    if not isinstance(key, str) or not 1 <= len(key) <= 200 or "\x00" in key:
-        raise InvalidInput(f"ordered_key must be a string of 1 to 200 characters, got {key!r}")
+    check_key(job.ordered_key, "ordered_key")
     if job.depends_on or job.unique_key is not None:
         raise InvalidInput("ordered_key cannot be combined with depends_on or unique_key")
 
 
-def _link(conn: Conn, schema: str, ids: list[JobId], keys: list[str]) -> None:
+def _link(schema: str, ids: list[JobId], keys: list[str]) -> Plan[None]:
     params: OrderedLinkParams = {"ids": ids, "keys": keys}
     with wrapped():
-        conn.execute(statement("ordered_link", schema), params)
+        yield from execute(statement("ordered_link", schema), params)
 
 
 def _enqueue_many_ordered(
-    conn: Conn,
     schema: str,
     jobs: Sequence[NewJob],
     bundle_id: BundleId | None,
     ordered: Sequence[NewJob],
-) -> list[JobId]:
+) -> Plan[list[JobId]]:
     """The batch inserted (ids ascending: its enqueue order), then its ordered jobs linked in
     that order, in one transaction."""
     for job in ordered:
         check_ordered(job)
     if any(_windowed(j) or j.replace for j in jobs):
         raise InvalidInput("a batch with ordered_key jobs cannot have unique_for or replace jobs")
-    with atomic(conn):  # bad input found inside (enqueue_many): rolled back to the savepoint
-        ids = enqueueing.enqueue_many(conn, schema, jobs, bundle_id)
-        pairs = [(i, j.ordered_key) for i, j in zip(ids, jobs, strict=True) if j.ordered_key]
-        _link(conn, schema, [i for i, _ in pairs], [k for _, k in pairs])
-        return ids
+    # bad input found inside (enqueue_many): rolled back to the savepoint
+    return (yield from atomic(_insert_and_link(schema, jobs, bundle_id)))
+
+
+def _insert_and_link(
+    schema: str, jobs: Sequence[NewJob], bundle_id: BundleId | None
+) -> Plan[list[JobId]]:
+    ids = yield from enqueueing.enqueue_many(schema, jobs, bundle_id)
+    pairs = [(i, j.ordered_key) for i, j in zip(ids, jobs, strict=True) if j.ordered_key]
+    yield from _link(schema, [i for i, _ in pairs], [k for _, k in pairs])
+    return ids

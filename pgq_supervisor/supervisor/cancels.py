@@ -23,11 +23,10 @@ from __future__ import annotations
 
 import json
 import logging
-import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from pgq_supervisor import db
+from pgq_supervisor import db, ids
 from pgq_supervisor.errors import DatabaseError
 from pgq_supervisor.jobs import JobId
 from pgq_supervisor.supervisor.children import Child, ChildState
@@ -46,7 +45,7 @@ def parse(payload: str) -> CancelRequest | None:
     """A pgq_job_cancel payload, or None (logged) if it is not one."""
     try:
         data = json.loads(payload)
-        job_id = JobId(uuid.UUID(str(data["job_id"])))
+        job_id = ids.job_id(data["job_id"])
         worker = data.get("worker_id")
     except (ValueError, KeyError, TypeError, AttributeError):
         log.debug("ignored a malformed pgq_job_cancel notification: %.200r", payload)

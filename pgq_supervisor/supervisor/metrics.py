@@ -309,10 +309,10 @@ class QueueMetrics:
     types no live supervisor serves), refreshed from the database.
     Every supervisor reports the same queue-wide values."""
 
-    def __init__(self, schema: str, metrics: Metrics, heartbeat_interval: float) -> None:
+    def __init__(self, schema: str, metrics: Metrics, stale_after: float) -> None:
         self.schema = schema
         self.metrics = metrics
-        self.heartbeat_interval = heartbeat_interval  # a supervisor row's liveness (coverage.py)
+        self.stale_after = stale_after  # a supervisor row's liveness (coverage.is_stale)
 
     def run_once(self, conn: db.Conn) -> QueueMetricsResult:
         """One refresh on an autocommit connection. Raises DatabaseError; the gauges keep
@@ -328,7 +328,7 @@ class QueueMetrics:
         for x in stats:
             if x.state is JobState.PENDING:
                 pending[x.type] = pending.get(x.type, 0) + x.count
-        self.metrics.update_unserved(coverage(pending, supervisors, self.heartbeat_interval))
+        self.metrics.update_unserved(coverage(pending, supervisors, self.stale_after))
         self.metrics.update_workflows(paused)
         self.metrics.update_queue(stats)
         self.metrics.depth.set(depth)

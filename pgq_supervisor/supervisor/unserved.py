@@ -3,11 +3,11 @@ misspelt at enqueue ("gret" for "greet") would otherwise wait forever in silence
 
 The supervisor hears the type of every job that becomes ready (pgq_job_available) or is
 delayed (pgq_job_due), one notification per type and statement, also of types it does not
-serve. Such a type is a
-candidate; once it has been one for `grace` seconds, the `unserved` timer reads the
-supervisor table (a few rows, no job is read) and, if no supervisor seen within `seen_within`
-seconds serves it, logs one WARNING naming it (and a served type close to it). A type another
-supervisor serves is dropped; heard again later, it is looked at again. Jobs enqueued before
+serve. Such a type is a candidate; once it has been one for `grace` seconds, the `unserved`
+timer reads the supervisor table (a few rows, no job is read) and, if no live supervisor
+(seen within `stale_after` seconds: jobs.stale_after of the heartbeat interval) serves it,
+logs one WARNING naming it (and a served type close to it). A type another supervisor
+serves is dropped; heard again later, it is looked at again. Jobs enqueued before
 this supervisor started are not heard: `status` and `show` name those.
 """
 
@@ -19,10 +19,9 @@ from dataclasses import dataclass
 from difflib import get_close_matches
 
 from pgq_supervisor import db
+from pgq_supervisor.coverage import is_stale
 
 log = logging.getLogger(__name__)
-
-SEEN_WITHIN = 60.0  # seconds: a supervisor row older than this serves nothing
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,10 +31,13 @@ class UnservedResult:
 
 
 class UnservedWatch:
-    def __init__(self, schema: str, served: Sequence[str], *, grace: float) -> None:
+    def __init__(
+        self, schema: str, served: Sequence[str], *, grace: float, stale_after: float
+    ) -> None:
         self.schema = schema
         self.served = frozenset(served)
         self.grace = grace
+        self.stale_after = stale_after
         self.heard_at: dict[str, float] = {}
         self.warned: set[str] = set()
 
@@ -50,7 +52,8 @@ class UnservedWatch:
         due = sorted(t for t, at in self.heard_at.items() if now - at >= self.grace)
         if not due:
             return UnservedResult((), looked=False)
-        live = [r for r in db.list_supervisors(conn, self.schema) if r.seen_ago <= SEEN_WITHIN]
+        supervisors = db.list_supervisors(conn, self.schema)
+        live = [r for r in supervisors if not is_stale(r, self.stale_after)]
         elsewhere = {t for r in live for t in r.types}
         warned = []
         for type_ in due:

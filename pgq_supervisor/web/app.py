@@ -46,7 +46,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp
 
-from pgq_supervisor import db
+from pgq_supervisor import db, jobs
 from pgq_supervisor.web.actions import Dashboard
 from pgq_supervisor.web.csrf import Csrf
 from pgq_supervisor.web.filters import FILTERS, duration
@@ -78,7 +78,7 @@ def create_app(
     read_only: bool = False,
     allow_unauthenticated_actions: bool = False,
     schema: str = db.DEFAULT_SCHEMA,
-    stale_after: float = 15.0,
+    stale_after: float | None = None,
     secret: str | bytes | None = None,
 ) -> Starlette:
     """The dashboard as an ASGI app over `schema`. `dsn_or_pool`: a DSN (the app makes and
@@ -87,8 +87,9 @@ def create_app(
     page is open and the dashboard is read-only, unless `allow_unauthenticated_actions=True`
     opens the actions to anyone who can reach it (logged as a WARNING). `read_only`: no action
     is shown, each is refused with 403, whatever else is given. `stale_after`: seconds without
-    a heartbeat after which the Workers page marks a supervisor stale (a supervisor writes its
-    row every heartbeat_interval, 1 s by default; the `dashboard` command passes 3 x it).
+    a refresh after which a supervisor's row is stale (Workers page) and serves nothing; None:
+    three of the default heartbeat_interval's (jobs.stale_after; the `dashboard` command passes
+    three of the configured one's).
     `secret` (16 bytes or more) signs the CSRF tokens: give every replica behind one address
     the same; without it each process makes a random one (ValueError if too short)."""
     refusal = None  # why actions are off, if they are
@@ -110,7 +111,8 @@ def create_app(
     )
     env.filters.update(FILTERS)
     env.globals["duration"] = duration
-    dash = Dashboard(store, env, authorize, refusal, stale_after, csrf)
+    window = jobs.stale_after() if stale_after is None else stale_after
+    dash = Dashboard(store, env, authorize, refusal, window, csrf)
     routes = [
         Route("/", dash.overview, name="overview"),
         Route("/jobs", dash.jobs, name="jobs"),

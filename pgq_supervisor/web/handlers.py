@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from pgq_supervisor import db
+from pgq_supervisor import db, ids
 from pgq_supervisor.errors import InvalidInput, JobNotFound
 from pgq_supervisor.jobs import BundleId, JobId
 from pgq_supervisor.redaction import HidePasswords, hide_password
@@ -298,7 +298,7 @@ def read_flash(request: Request) -> views.Flash | None:
 
 def parse_id(text: str) -> JobId | None:
     try:
-        return JobId(uuid.UUID(text))
+        return ids.job_id(text)
     except ValueError:
         return None
 

@@ -16,12 +16,11 @@ from __future__ import annotations
 import json
 import math
 import re
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from pgq_supervisor import db
+from pgq_supervisor import db, ids
 from pgq_supervisor.db.web_rows import JobListed
 from pgq_supervisor.errors import JobNotFound, PgqError
 from pgq_supervisor.jobs import JobId, JobState, JsonValue, check_type_name
@@ -122,7 +121,7 @@ class JobsQuery:
     def job_id(self) -> JobId | None:
         """The search, when it reads as a job id."""
         try:
-            return JobId(uuid.UUID(self.search)) if self.search else None
+            return ids.job_id(self.search) if self.search else None
         except ValueError:
             return None
 
@@ -153,7 +152,7 @@ class JobsQuery:
         if params.get("before"):
             at, _, id_text = params["before"].partition(",")
             try:
-                before = (datetime.fromisoformat(at), JobId(uuid.UUID(id_text)))
+                before = (datetime.fromisoformat(at), ids.job_id(id_text))
             except ValueError:
                 raise ValueError("invalid before: not a page of this list") from None
         query = cls(
@@ -271,10 +270,10 @@ def parse_ids(values: Sequence[str]) -> list[JobId]:
     """The selected jobs' ids (ValueError naming a bad one, or too many)."""
     if len(values) > MAX_BULK:
         raise ValueError(f"too many jobs selected: {len(values)} (at most {MAX_BULK})")
-    ids: list[JobId] = []
+    out: list[JobId] = []
     for v in values:
         try:
-            ids.append(JobId(uuid.UUID(v)))
+            out.append(ids.job_id(v))
         except ValueError:
             raise ValueError(f"not a job id: {v[:40]!r}") from None
-    return ids
+    return out

@@ -3,16 +3,15 @@ renders its template; `authorize(request, "view")` is asked by Handlers._page.""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Mapping
 
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 
-from pgq_supervisor import db
+from pgq_supervisor import db, ids
 from pgq_supervisor.db.health import read_health
 from pgq_supervisor.errors import JobNotFound
-from pgq_supervisor.jobs import BundleId, JobRecord, JobState, check_type_name
+from pgq_supervisor.jobs import JobRecord, JobState, check_type_name
 from pgq_supervisor.vacuum import MAX_TRANSACTION_AGE, Finding, diagnose
 from pgq_supervisor.web import jobs_view, type_view, views
 from pgq_supervisor.web.handlers import Handlers, bundle_exists, job_exists, parse_id
@@ -94,7 +93,7 @@ class Pages(Handlers):
 
     async def bundle(self, request: Request) -> Response:
         try:
-            bundle_id = BundleId(uuid.UUID(str(request.path_params["bundle_id"])))
+            bundle_id = ids.bundle_id(request.path_params["bundle_id"])
         except ValueError:
             return await self._not_found(request, "not a bundle id")
         try:

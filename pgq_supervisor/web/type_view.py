@@ -25,9 +25,7 @@ def window_of(name: str) -> Window:
         raise ValueError(f"invalid window: {name[:20]!r} (one of {choices})") from None
 
 
-def type_page(
-    conn: db.Conn, schema: str, type_: str, window: Window, stale_after: float = 15.0
-) -> Data:
+def type_page(conn: db.Conn, schema: str, type_: str, window: Window, stale_after: float) -> Data:
     """`stale_after`: seconds without a refresh after which a supervisor row serves nothing."""
     active: TypeActive = db.type_active(conn, schema, type_)
     control: TypeControl | None = next(
@@ -39,11 +37,11 @@ def type_page(
     failed = sum(b.failed for b in buckets)
     supervisors = db.list_supervisors(conn, schema)
     pending = active.ready + active.delayed + active.waiting
-    cover = coverage({type_: pending}, supervisors, heartbeat_interval=stale_after / 3)
+    cover = coverage({type_: pending}, supervisors, stale_after)
     served_by = [
         f"{r.host} pid {r.pid}"
         for r in supervisors
-        if type_ in r.types and not is_stale(r, heartbeat_interval=stale_after / 3)
+        if type_ in r.types and not is_stale(r, stale_after)
     ]
     return {
         "type": type_,

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from pgq_supervisor import db
-from pgq_supervisor.coverage import coverage
+from pgq_supervisor.coverage import coverage, is_stale
 from pgq_supervisor.db import workflows
 from pgq_supervisor.db.rows import ScheduleRecord
 from pgq_supervisor.db.web_rows import RunningJob
@@ -66,7 +66,7 @@ class TypeRow:
     schedules: int = 0
 
 
-def overview(conn: db.Conn, schema: str, stale_after: float = 15.0) -> Data:
+def overview(conn: db.Conn, schema: str, stale_after: float) -> Data:
     """`stale_after`: seconds without a refresh after which a supervisor row serves nothing."""
     types: dict[str, TypeRow] = {}
     for s in db.queue_stats(conn, schema):
@@ -103,7 +103,7 @@ def overview(conn: db.Conn, schema: str, stale_after: float = 15.0) -> Data:
         t.schedules = schedules.get(t.type, 0)
     supervisors = db.list_supervisors(conn, schema)
     pending = {t.type: t.ready + t.delayed + t.waiting for t in types.values()}
-    cover = coverage(pending, supervisors, heartbeat_interval=stale_after / 3)
+    cover = coverage(pending, supervisors, stale_after)
     return {
         "types": sorted(types.values(), key=lambda r: r.type),
         "chart": chart(minutes, db.db_now(conn, schema)),
@@ -255,7 +255,7 @@ def workers(conn: db.Conn, schema: str, stale_after: float) -> Data:
             )
             in_hand = next((j for j in mine if str(j.id) == str(c.get("job_id"))), None)
             kids.append({"child": c, "not_started": waiting, "in_hand": in_hand})
-        shown.append({"record": r, "children": kids, "stale": r.seen_ago > stale_after})
+        shown.append({"record": r, "children": kids, "stale": is_stale(r, stale_after)})
     return {"supervisors": shown, "now": db.db_now(conn, schema)}
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from pgq_supervisor.errors import InvalidInput, NonDeterministic, StepFailed, WaitTimeout
+from pgq_supervisor.inputs import check_key
 from pgq_supervisor.jobs import Job, JsonValue
 from pgq_supervisor.jsontext import dump_json
 from pgq_supervisor.registry import Policy
@@ -68,8 +69,7 @@ class Replay:
         """The next place, for a call of `kind` named `name`: Stored when it ended already
         (a step that failed for good raises StepFailed again, a wait that timed out raises
         WaitTimeout again)."""
-        if not isinstance(name, str) or not 1 <= len(name) <= 200:
-            raise InvalidInput(f"workflow step name must be 1 to 200 characters, got {name!r}")
+        check_key(name, "workflow step name")
         seq = self.seq
         self.seq += 1
         if seq >= len(self.history):

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pgq_supervisor import db
 from pgq_supervisor.db import workflows as wdb
-from pgq_supervisor.errors import InvalidInput, JobNotFound
+from pgq_supervisor.errors import JobNotFound
 from pgq_supervisor.frameworks import AsyncConnLike, ConnLike, as_psycopg, as_psycopg_async
 from pgq_supervisor.ids import job_id as parse_job_id
-from pgq_supervisor.inputs import check_text
+from pgq_supervisor.inputs import check_key
 from pgq_supervisor.jobs import IdLike, JsonValue
 from pgq_supervisor.jsontext import dump_payload
 
@@ -15,9 +15,7 @@ from pgq_supervisor.jsontext import dump_payload
 def _checked(name: str, payload: JsonValue) -> str:
     """The payload's JSON text, once the name is one the statement takes (InvalidInput naming
     it, before anything is sent: the caller's transaction stays usable)."""
-    if not isinstance(name, str) or not 1 <= len(name) <= 200:
-        raise InvalidInput(f"signal name must be 1 to 200 characters, got {name!r:.60}")
-    check_text(name, "signal name")  # a NUL or a lone surrogate
+    check_key(name, "signal name")
     return dump_payload(payload, "signal payload")
 
 

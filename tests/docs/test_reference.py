@@ -4,9 +4,12 @@ from the code: a setting, command, flag or metric added without rerunning it fai
 from __future__ import annotations
 
 import difflib
+import inspect
+import re
 
 import pytest
 
+import pgq_supervisor as pgq
 from tests.support.reference import REFERENCE, render
 
 
@@ -31,3 +34,12 @@ def test_a_table_without_its_markers_is_an_error() -> None:
     cut = text.replace("<!-- end generated: metrics -->", "")
     with pytest.raises(ValueError, match=r"lacks the markers of \['metrics'\]"):
         render(cut)
+
+
+def test_every_public_function_is_in_the_reference() -> None:
+    """Each function `import pgq_supervisor as pgq` offers (a sync call, its async twin) is
+    named in docs/reference.md's text."""
+    text = REFERENCE.read_text(encoding="utf-8")
+    functions = [n for n in pgq.__all__ if inspect.isfunction(getattr(pgq, n))]
+    missing = [n for n in functions if not re.search(rf"\b{n}\b", text)]
+    assert functions and missing == [], f"docs/reference.md does not name {missing}"

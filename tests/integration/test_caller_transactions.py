@@ -141,6 +141,49 @@ ASYNC_WRITERS: list[Writer[AsyncConn, Awaitable[object]]] = [
     _one_dependent(
         "enqueue_async_depends_on", lambda c, dep: pgq.enqueue_async(c, W, depends_on=[dep])
     ),
+    Writer(
+        "enqueue_many_async",
+        lambda c, dep: pgq.enqueue_many_async(c, [pgq.NewJob(W, depends_on=[dep]), pgq.NewJob(W)]),
+        COUNT_W_AND_EDGES,
+        (2, 1),
+        _pending,
+    ),
+    Writer(
+        "enqueue_bundle_async",
+        lambda c, _: pgq.enqueue_bundle_async(c, "b", [pgq.NewJob(W), pgq.NewJob(W)]),
+        "SELECT (SELECT count(*) FROM pgq.job WHERE type = 'w'),"
+        " (SELECT count(*) FROM pgq.job_bundle)",
+        (2, 1),
+    ),
+    Writer("cancel_job_async", pgq.cancel_job_async, PREPARED_STATE, ("cancelled",), _pending),
+    Writer("reset_job_async", pgq.reset_job_async, PREPARED_STATE, ("pending",), _failed),
+    Writer(
+        "retry_failed_async",
+        lambda c, _: pgq.retry_failed_async(c),
+        PREPARED_STATE,
+        ("pending",),
+        _failed,
+    ),
+    Writer(
+        "delete_finished_async",
+        lambda c, _: pgq.delete_finished_async(c, 0),
+        "SELECT count(*) FROM pgq.job",
+        (0,),
+        _failed,
+    ),
+    Writer(
+        "pause_async",
+        lambda c, _: pgq.pause_async(c, W),
+        "SELECT count(*) FROM pgq.type_pause",
+        (1,),
+    ),
+    Writer(
+        "resume_async",
+        lambda c, _: pgq.resume_async(c, W),
+        "SELECT count(*) FROM pgq.type_pause",
+        (0,),
+        _paused,
+    ),
 ]
 
 

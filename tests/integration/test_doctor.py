@@ -216,7 +216,7 @@ def test_pending_types_no_live_supervisor_serves_are_findings(conn: Conn, dsn: s
 
 def test_the_unserved_gauge_counts_pending_jobs_no_live_supervisor_serves(conn: Conn) -> None:
     metrics = Metrics()
-    gauges = QueueMetrics("pgq", metrics, heartbeat_interval=1.0)
+    gauges = QueueMetrics("pgq", metrics, stale_after=3.0)
 
     def unserved(type_: str) -> float | None:
         gauges.run_once(conn)

@@ -10,6 +10,7 @@ import psycopg
 
 from pgq_supervisor import db
 from pgq_supervisor.db import Conn
+from pgq_supervisor.db.plans import run
 from pgq_supervisor.jobs import NewJob
 
 FILL = """
@@ -40,7 +41,7 @@ def _nested_plans(conn: Conn) -> list[str]:
     ):
         conn.execute("SELECT set_config(%s, %s, false)", (setting, value))
     with conn.transaction():
-        db.windows.holders(conn, "pgq", [NewJob("t", unique_key="key-7", unique_for=600.0)])
+        run(conn, db.windows.holders("pgq", [NewJob("t", unique_key="key-7", unique_for=600.0)]))
     conn.execute("SET client_min_messages = notice")
     return plans
 

@@ -166,7 +166,7 @@ def test_a_timeout_names_the_pending_types_no_supervisor_serves(dsn: str, conn: 
     _supervisor(conn, "live", ["greet", "resize"])
     _supervisor(conn, "gone", ["gret"], seen_ago=3600)  # not seen lately: serves nothing
     hint = (
-        r"; no supervisor seen in the last 60 s serves type 'gret' \(did you mean 'greet'\?\)"
+        r"; no supervisor seen in the last 3 s serves type 'gret' \(did you mean 'greet'\?\)"
         r"; served: 'greet', 'resize'$"
     )
     with pytest.raises(TimeoutError, match=r"^2 jobs still unfinished after 0\.05 s .*" + hint):

@@ -57,6 +57,7 @@ from pgq_supervisor import db
 from pgq_supervisor.aging import Aging
 from pgq_supervisor.backoff import Backoff
 from pgq_supervisor.errors import DatabaseError, DatabaseUnavailable
+from pgq_supervisor.jobs import stale_after
 from pgq_supervisor.periodic import Schedule
 from pgq_supervisor.settings import Settings
 from pgq_supervisor.supervisor.maintenance.activity import ActivitySummary
@@ -272,7 +273,7 @@ class Services:
                 settings.db_schema, settings.dead_after, quiet=1.5 * settings.heartbeat_interval
             ),
             queue_metrics=(
-                QueueMetrics(settings.db_schema, metrics, settings.heartbeat_interval)
+                QueueMetrics(settings.db_schema, metrics, stale_after(settings.heartbeat_interval))
                 if settings.metrics_port is not None
                 else None
             ),
@@ -285,7 +286,12 @@ class Services:
                 else None
             ),
             unserved=(
-                UnservedWatch(settings.db_schema, types, grace=5 * settings.poll_interval)
+                UnservedWatch(
+                    settings.db_schema,
+                    types,
+                    grace=5 * settings.poll_interval,
+                    stale_after=stale_after(settings.heartbeat_interval),
+                )
                 if types
                 else None
             ),
