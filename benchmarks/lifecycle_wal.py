@@ -64,10 +64,12 @@ class Step:
 
 
 def _xact_versions(conn: Conn) -> dict[str, tuple[int, int, int, int]]:
+    # the job table's partitions (schema/0029) count as the job table
     rows = conn.execute(
-        "SELECT relname, n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del"
-        " FROM pg_stat_xact_user_tables WHERE schemaname = %s"
-        " AND n_tup_ins + n_tup_upd + n_tup_del > 0",
+        "SELECT CASE WHEN c.relispartition THEN 'job' ELSE s.relname END,"
+        " sum(s.n_tup_ins), sum(s.n_tup_upd), sum(s.n_tup_hot_upd), sum(s.n_tup_del)"
+        " FROM pg_stat_xact_user_tables s JOIN pg_class c ON c.oid = s.relid"
+        " WHERE s.schemaname = %s AND s.n_tup_ins + s.n_tup_upd + s.n_tup_del > 0 GROUP BY 1",
         (S,),
     ).fetchall()
     return {str(r[0]): (int(r[1]), int(r[2]), int(r[3]), int(r[4])) for r in rows}

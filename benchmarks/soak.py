@@ -174,6 +174,10 @@ def _produce(
             time.sleep(max(0.0, start + (elapsed // TICK + 1) * TICK - time.monotonic()))
 
 
+# the job table's size, summed over its partitions (schema/0029)
+JOB_SIZES = "SELECT sum({size}(relid)) FROM pg_partition_tree('pgq.job')"
+
+
 def _scalar(conn: psycopg.Connection[TupleRow], query: str, *params: object) -> float:
     row = conn.execute(query.encode(), params).fetchone()
     return 0.0 if row is None or row[0] is None else float(row[0])
@@ -209,9 +213,9 @@ class Sampler:
             (NOOP, since),
         ).fetchone()
         claim = [None if v is None else v.total_seconds() * 1000 for v in (row or (None, None))]
-        stats = c.execute(
-            "SELECT n_dead_tup, autovacuum_count FROM pg_stat_user_tables"
-            " WHERE relid = 'pgq.job'::regclass"
+        stats = c.execute(  # summed over the job table's partitions (schema/0029)
+            "SELECT sum(n_dead_tup), sum(autovacuum_count) FROM pg_stat_user_tables"
+            " WHERE relid IN (SELECT relid FROM pg_partition_tree('pgq.job'))"
         ).fetchone()
         wakes, self.wakes = self.wakes, []
         return Minute(
@@ -223,10 +227,10 @@ class Sampler:
             claim_p99_ms=claim[1],
             wake_p50_ms=percentile(wakes, 50) if wakes else None,
             wake_p99_ms=percentile(wakes, 99) if wakes else None,
-            table_mib=_scalar(c, "SELECT pg_table_size('pgq.job')") / 2**20,
-            index_mib=_scalar(c, "SELECT pg_indexes_size('pgq.job')") / 2**20,
-            dead_tuples=0 if stats is None else int(stats[0]),
-            autovacuums=0 if stats is None else int(stats[1]),
+            table_mib=_scalar(c, JOB_SIZES.format(size="pg_table_size")) / 2**20,
+            index_mib=_scalar(c, JOB_SIZES.format(size="pg_indexes_size")) / 2**20,
+            dead_tuples=0 if stats is None or stats[0] is None else int(stats[0]),
+            autovacuums=0 if stats is None or stats[1] is None else int(stats[1]),
         )
 
 

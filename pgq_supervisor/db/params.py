@@ -21,6 +21,7 @@ from pgq_supervisor.db.option_params import (
     SnoozeParams,
     UniqueHoldersParams,
 )
+from pgq_supervisor.db.partitions import PARTITION_PARAMS
 from pgq_supervisor.db.workflow_params import WORKFLOW_PARAMS
 from pgq_supervisor.jobs import BundleId, JobId, LeaseToken
 from pgq_supervisor.jsontext import dump_json as dump_json  # the statements' JSON parameters
@@ -242,22 +243,6 @@ class PruneFinishedParams(DeleteFinishedParams):
     schema: str
 
 
-class PartitionEnsureParams(TypedDict):
-    interval: float
-    ahead: int
-
-
-class PartitionCleanParams(TypedDict):
-    succeeded: float | None
-    failed: float | None
-    after: uuid.UUID | None
-
-
-class PartitionExpireParams(PartitionCleanParams):
-    max_carry: int
-    lock_timeout: float
-
-
 class OriginParams(TypedDict):
     origin: str
 
@@ -405,9 +390,6 @@ PARAMS: dict[str, type] = {
     "delete_finished": DeleteFinishedParams,
     "delete_empty_bundles": OlderThanParams,
     "prune_finished": PruneFinishedParams,
-    "partition_ensure": PartitionEnsureParams,
-    "partition_clean": PartitionCleanParams,
-    "partition_expire": PartitionExpireParams,
     "queue_stats": NoParams,
     "active_stats": NoParams,
     "depth": DepthParams,
@@ -457,4 +439,5 @@ PARAMS: dict[str, type] = {
     "schema_dump_functions": SchemaNameParams,
     **WORKFLOW_PARAMS,
     **FLOOR_PARAMS,
+    **PARTITION_PARAMS,
 }

@@ -5,16 +5,35 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
+from typing import TypedDict
 
 from psycopg.rows import scalar_row
 
 from pgq_supervisor.db.connection import Conn, cursor, statement, wrapped
-from pgq_supervisor.db.params import (
-    PartitionCleanParams,
-    PartitionEnsureParams,
-    PartitionExpireParams,
-)
 from pgq_supervisor.db.rows import NamedRow
+
+
+class PartitionEnsureParams(TypedDict):
+    interval: float
+    ahead: int
+
+
+class PartitionCleanParams(TypedDict):
+    succeeded: float | None
+    failed: float | None
+    after: uuid.UUID | None
+
+
+class PartitionExpireParams(PartitionCleanParams):
+    max_carry: int
+    lock_timeout: float
+
+
+PARTITION_PARAMS: dict[str, type] = {
+    "partition_ensure": PartitionEnsureParams,
+    "partition_clean": PartitionCleanParams,
+    "partition_expire": PartitionExpireParams,
+}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

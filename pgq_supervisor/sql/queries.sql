@@ -567,7 +567,7 @@ WHERE id = ANY(ARRAY(
     WHERE state = ANY(%(states)s::{schema}.job_state[])
       AND stopped_at < now() - make_interval(secs => %(older_than)s)
       AND (id < {schema}.id_floor(now() - make_interval(secs => %(zone)s))
-           OR tableoid = to_regclass(format('%%I.job_default', %(schema)s::text)))
+           OR tableoid = to_regclass(quote_ident(%(schema)s::text) || '.job_default'))
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED))
 
@@ -1283,10 +1283,10 @@ SELECT sum(s.n_live_tup)::bigint AS live_tuples, sum(s.n_dead_tup)::bigint AS de
        max(s.last_vacuum) AS last_vacuum, max(s.last_autovacuum) AS last_autovacuum,
        sum(s.autovacuum_count)::bigint AS autovacuum_count,
        coalesce((SELECT d.reloptions FROM pg_catalog.pg_class d
-                 WHERE d.oid = to_regclass(format('%%I.job_default', %(schema)s::text))),
+                 WHERE d.oid = to_regclass(quote_ident(%(schema)s::text) || '.job_default')),
                 ARRAY[]::text[]) AS options,
        count(*)::int AS partitions
-FROM pg_catalog.pg_partition_tree(format('%%I.job', %(schema)s::text)::regclass) t
+FROM pg_catalog.pg_partition_tree((quote_ident(%(schema)s::text) || '.job')::regclass) t
 JOIN pg_catalog.pg_class c ON c.oid = t.relid
 JOIN pg_catalog.pg_stat_all_tables s ON s.relid = c.oid
 WHERE t.isleaf
