@@ -41,13 +41,18 @@ def fill_pending(conn: psycopg.Connection[TupleRow], n: int) -> None:
 
 
 def fill_finished(conn: psycopg.Connection[TupleRow], n: int) -> None:
-    """`n` succeeded jobs finished over the last day, of a type nobody serves."""
+    """`n` succeeded jobs finished over the day before the last hour, of a type nobody
+    serves, with the ids they had when they were made (time-ordered: they sit in the partitions
+    of their day; made before the database's migration, they are all in its first one)."""
     conn.execute(
         """
-        INSERT INTO pgq.job (type, payload, state, max_retry_count, start_at, started_at,
+        INSERT INTO pgq.job (id, type, payload, state, max_retry_count, start_at, started_at,
                              stopped_at, worker_id, created_at, result)
-        SELECT %s, '{}', 'succeeded', 3, t, t, t + interval '5 ms', 'bench-old', t, NULL
-        FROM (SELECT now() - interval '1 day' + g * (interval '1 day' / %s) AS t
+        SELECT encode(overlay(uuid_send(gen_random_uuid())
+                              PLACING substring(uuid_send(pgq.id_floor(t)) FROM 1 FOR 6)
+                              FROM 1 FOR 6), 'hex')::uuid,
+               %s, '{}', 'succeeded', 3, t, t, t + interval '5 ms', 'bench-old', t, NULL
+        FROM (SELECT now() - interval '25 hours' + g * (interval '1 day' / %s) AS t
               FROM generate_series(1, %s) g) s
         """,
         (FINISHED, n, n),

@@ -783,7 +783,7 @@ class Bench:
         o = self.opts
         n = o.retention_jobs
         res = self.results
-        what = f"purge of {n:,} finished jobs (CLI purge: today's DELETE)"
+        what = f"purge of {n:,} finished jobs (CLI purge: partitions dropped, the rest deleted)"
         seconds = res.measure("retention.seconds", f"{what}: seconds", "s", Target("<=", 1))
         wal_mb = res.measure("retention.wal", f"{what}: WAL", "MB", Target("<=", 10))
         dead = res.measure("retention.dead", f"{what}: dead tuples left", "tuples", Target("<=", 0))

@@ -316,11 +316,13 @@ $$;
 -- are deleted as the pruner deletes them, with the triggers that keep bundles, dependencies
 -- and ordered keys true (row locks only: the table lock comes in a transaction of its own, so
 -- these locks and the bundle rows the triggers lock are not held while it waits).
--- Returns (partition, outcome, hi): outcome 'unfinished' (a job in it is still to run: nothing
--- done) or 'cleaned'; no row when no partition is old enough.
+-- Returns (partition, outcome, hi, jobs): outcome 'unfinished' (a job in it is still to run:
+-- nothing done) or 'cleaned', then `jobs` is the number of jobs left in it (counted with
+-- p_count, else the planner's estimate); no row when no partition is old enough.
 CREATE FUNCTION job_partition_clean(p_succeeded interval, p_failed interval,
-                                    p_after uuid DEFAULT NULL,
-                                    OUT partition text, OUT outcome text, OUT hi uuid)
+                                    p_after uuid DEFAULT NULL, p_count boolean DEFAULT false,
+                                    OUT partition text, OUT outcome text, OUT hi uuid,
+                                    OUT jobs bigint)
 RETURNS SETOF record
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
@@ -338,16 +340,35 @@ BEGIN
         RETURN NEXT;
         RETURN;
     END IF;
+    -- found by index, not by a scan of the partition: in a bundle (job_bundle_idx), with an
+    -- edge either way (job_dependency's keys), failed with an ordered key (job_ordered_idx;
+    -- a succeeded or cancelled one released its key when it ended)
     DELETE FROM job j
-    WHERE j.id >= v_lo AND j.id < hi AND job_past(j.state, j.stopped_at, v_cut_s, v_cut_f)
-      AND (j.bundle_id IS NOT NULL OR j.has_dependents OR j.depends_on IS NOT NULL
-           OR j.ordered_key IS NOT NULL);
+    WHERE j.id = ANY(ARRAY(
+            SELECT x.id FROM job x
+            WHERE x.id >= v_lo AND x.id < hi AND x.bundle_id IS NOT NULL
+            UNION
+            SELECT d.job_id FROM job_dependency d WHERE d.job_id >= v_lo AND d.job_id < hi
+            UNION
+            SELECT d.depends_on FROM job_dependency d
+            WHERE d.depends_on >= v_lo AND d.depends_on < hi
+            UNION
+            SELECT x.id FROM job x
+            WHERE x.id >= v_lo AND x.id < hi AND x.ordered_key IS NOT NULL
+              AND x.state IN ('pending', 'running', 'failed')))
+      AND j.id >= v_lo AND j.id < hi AND job_past(j.state, j.stopped_at, v_cut_s, v_cut_f);
     DELETE FROM workflow_step s USING job j
-    WHERE s.job_id = j.id AND j.id >= v_lo AND j.id < hi
+    WHERE s.job_id >= v_lo AND s.job_id < hi AND s.job_id = j.id
       AND job_past(j.state, j.stopped_at, v_cut_s, v_cut_f);
     DELETE FROM workflow_signal s USING job j
-    WHERE s.job_id = j.id AND j.id >= v_lo AND j.id < hi
+    WHERE s.job_id >= v_lo AND s.job_id < hi AND s.job_id = j.id
       AND job_past(j.state, j.stopped_at, v_cut_s, v_cut_f);
+    IF p_count THEN  -- a scan of the partition, without a lock that holds anyone back
+        EXECUTE format('SELECT count(*) FROM %I', partition) INTO jobs;
+    ELSE  -- the planner's estimate (ANALYZE's, autovacuum's)
+        SELECT greatest(c.reltuples, 0)::bigint INTO jobs FROM pg_class c
+        WHERE c.oid = to_regclass(quote_ident(current_schema()) || '.' || quote_ident(partition));
+    END IF;
     outcome := 'cleaned';
     RETURN NEXT;
 END $$;
@@ -473,10 +494,10 @@ END $$;
 -- DDL a worker role may not run (pgq_supervisor/sql/roles.sql grants the worker these three,
 -- and neither the producer nor the dashboard).
 ALTER FUNCTION job_partition_ensure(interval, integer) SECURITY DEFINER;
-ALTER FUNCTION job_partition_clean(interval, interval, uuid) SECURITY DEFINER;
+ALTER FUNCTION job_partition_clean(interval, interval, uuid, boolean) SECURITY DEFINER;
 ALTER FUNCTION job_partition_expire(interval, interval, integer, interval, uuid) SECURITY DEFINER;
 REVOKE EXECUTE ON FUNCTION job_partition_ensure(interval, integer),
-    job_partition_clean(interval, interval, uuid),
+    job_partition_clean(interval, interval, uuid, boolean),
     job_partition_expire(interval, interval, integer, interval, uuid) FROM PUBLIC;
 
 -- The partitions of today and tomorrow (at the default partition_interval; the supervisors

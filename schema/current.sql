@@ -1769,7 +1769,7 @@ BEGIN
     RETURN NEW;
 END $function$;
 
-CREATE OR REPLACE FUNCTION job_partition_clean(p_succeeded interval, p_failed interval, p_after uuid DEFAULT NULL::uuid, OUT partition text, OUT outcome text, OUT hi uuid)
+CREATE OR REPLACE FUNCTION job_partition_clean(p_succeeded interval, p_failed interval, p_after uuid DEFAULT NULL::uuid, p_count boolean DEFAULT false, OUT partition text, OUT outcome text, OUT hi uuid, OUT jobs bigint)
  RETURNS SETOF record
  LANGUAGE plpgsql
  SECURITY DEFINER
@@ -1790,16 +1790,35 @@ BEGIN
         RETURN NEXT;
         RETURN;
     END IF;
+    -- found by index, not by a scan of the partition: in a bundle (job_bundle_idx), with an
+    -- edge either way (job_dependency's keys), failed with an ordered key (job_ordered_idx;
+    -- a succeeded or cancelled one released its key when it ended)
     DELETE FROM job j
-    WHERE j.id >= v_lo AND j.id < hi AND job_past(j.state, j.stopped_at, v_cut_s, v_cut_f)
-      AND (j.bundle_id IS NOT NULL OR j.has_dependents OR j.depends_on IS NOT NULL
-           OR j.ordered_key IS NOT NULL);
+    WHERE j.id = ANY(ARRAY(
+            SELECT x.id FROM job x
+            WHERE x.id >= v_lo AND x.id < hi AND x.bundle_id IS NOT NULL
+            UNION
+            SELECT d.job_id FROM job_dependency d WHERE d.job_id >= v_lo AND d.job_id < hi
+            UNION
+            SELECT d.depends_on FROM job_dependency d
+            WHERE d.depends_on >= v_lo AND d.depends_on < hi
+            UNION
+            SELECT x.id FROM job x
+            WHERE x.id >= v_lo AND x.id < hi AND x.ordered_key IS NOT NULL
+              AND x.state IN ('pending', 'running', 'failed')))
+      AND j.id >= v_lo AND j.id < hi AND job_past(j.state, j.stopped_at, v_cut_s, v_cut_f);
     DELETE FROM workflow_step s USING job j
-    WHERE s.job_id = j.id AND j.id >= v_lo AND j.id < hi
+    WHERE s.job_id >= v_lo AND s.job_id < hi AND s.job_id = j.id
       AND job_past(j.state, j.stopped_at, v_cut_s, v_cut_f);
     DELETE FROM workflow_signal s USING job j
-    WHERE s.job_id = j.id AND j.id >= v_lo AND j.id < hi
+    WHERE s.job_id >= v_lo AND s.job_id < hi AND s.job_id = j.id
       AND job_past(j.state, j.stopped_at, v_cut_s, v_cut_f);
+    IF p_count THEN  -- a scan of the partition, without a lock that holds anyone back
+        EXECUTE format('SELECT count(*) FROM %I', partition) INTO jobs;
+    ELSE  -- the planner's estimate (ANALYZE's, autovacuum's)
+        SELECT greatest(c.reltuples, 0)::bigint INTO jobs FROM pg_class c
+        WHERE c.oid = to_regclass(quote_ident(current_schema()) || '.' || quote_ident(partition));
+    END IF;
     outcome := 'cleaned';
     RETURN NEXT;
 END $function$;

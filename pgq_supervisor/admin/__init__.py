@@ -32,6 +32,7 @@ from pgq_supervisor.admin.control import (
 from pgq_supervisor.admin.show import cmd_show
 from pgq_supervisor.connect import open_db
 from pgq_supervisor.coverage import coverage
+from pgq_supervisor.db import partitions as db_partitions
 from pgq_supervisor.display import plural, progress_cell
 from pgq_supervisor.errors import InvalidInput, InvalidTransition
 from pgq_supervisor.jobs import (
@@ -290,7 +291,17 @@ def cmd_purge(args: argparse.Namespace, settings: Settings) -> int:
     states = [s for s in FINISHED if s.value in chosen]
     _, conn = open_db(settings)
     with conn:
-        n = db.delete_finished(conn, settings.db_schema, older_than, states)
+        n = 0
+        if len(states) == len(FINISHED):  # whole partitions first, then what is left row by row
+            n = db_partitions.expire_old(
+                conn,
+                settings.db_schema,
+                succeeded=older_than,
+                failed=older_than,
+                max_steps=1000,
+                count=True,
+            ).jobs
+        n += db.delete_finished(conn, settings.db_schema, older_than, states)
     names = [s.value for s in states]
     if args.json:
         _print_json({"purged": n, "states": list(names), "older_than_seconds": older_than})

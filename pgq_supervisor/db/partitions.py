@@ -12,19 +12,26 @@ from psycopg.rows import scalar_row
 from pgq_supervisor.db.connection import Conn, cursor, statement, wrapped
 from pgq_supervisor.db.rows import NamedRow
 
+MAX_CARRY = 10_000  # a partition with more jobs still within their window waits for them
+LOCK_TIMEOUT = 0.5  # seconds a drop may wait for the table lock (claims queue behind it)
+
 
 class PartitionEnsureParams(TypedDict):
     interval: float
     ahead: int
 
 
-class PartitionCleanParams(TypedDict):
+class PartitionParams(TypedDict):
     succeeded: float | None
     failed: float | None
     after: uuid.UUID | None
 
 
-class PartitionExpireParams(PartitionCleanParams):
+class PartitionCleanParams(PartitionParams):
+    count: bool
+
+
+class PartitionExpireParams(PartitionParams):
     max_carry: int
     lock_timeout: float
 
@@ -47,6 +54,7 @@ class PartitionStep:
     outcome: str
     hi: uuid.UUID
     carried: int = 0
+    jobs: int = 0  # after `clean`: the jobs in it then (`carried` of them stay, the rest go)
 
 
 STEP = NamedRow(PartitionStep)
@@ -70,10 +78,16 @@ def clean(
     succeeded: float | None,
     failed: float | None,
     after: uuid.UUID | None,
+    count: bool = False,
 ) -> PartitionStep | None:
     """Retention's first transaction for the oldest partition past `after` that is old enough
-    to drop; None when there is none."""
-    params: PartitionCleanParams = {"succeeded": succeeded, "failed": failed, "after": after}
+    to drop; None when there is none. `count`: its jobs counted (a scan), not estimated."""
+    params: PartitionCleanParams = {
+        "succeeded": succeeded,
+        "failed": failed,
+        "after": after,
+        "count": count,
+    }
     with wrapped(), cursor(conn, STEP) as cur:
         return cur.execute(statement("partition_clean", schema), params).fetchone()
 
@@ -98,3 +112,63 @@ def expire(
     }
     with wrapped(), cursor(conn, STEP) as cur:
         return cur.execute(statement("partition_expire", schema), params).fetchone()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Expired:
+    """What `expire_old` did: the partitions dropped, the jobs that left with them, the
+    finished jobs still within their window carried into the default partition, and the
+    partitions looked at that stay, with why (schema/0029's outcomes)."""
+
+    dropped: tuple[str, ...] = ()
+    jobs: int = 0
+    carried: int = 0
+    held: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+def expire_old(
+    conn: Conn,
+    schema: str,
+    *,
+    succeeded: float | None,
+    failed: float | None,
+    max_carry: int = MAX_CARRY,
+    lock_timeout: float = LOCK_TIMEOUT,
+    max_steps: int = 16,
+    count: bool = False,
+) -> Expired:
+    """Retention by partition, on an autocommit connection: each partition old enough to drop,
+    oldest first (at most `max_steps`), through `clean` then `expire`, each its own
+    transaction; one another session holds, or that waited `lock_timeout` for the table lock,
+    ends the round (`busy`: the next round tries again). `jobs`: counted with `count` (a scan
+    of each partition before its drop), else the planner's estimates."""
+    dropped: list[str] = []
+    held: dict[str, str] = {}
+    jobs = carried = 0
+    after: uuid.UUID | None = None
+    for _ in range(max_steps):
+        step = clean(conn, schema, succeeded=succeeded, failed=failed, after=after, count=count)
+        if step is not None and step.outcome == "cleaned":
+            counted = step.jobs
+            step = expire(
+                conn,
+                schema,
+                succeeded=succeeded,
+                failed=failed,
+                after=after,
+                max_carry=max_carry,
+                lock_timeout=lock_timeout,
+            )
+            if step is not None and step.outcome == "dropped":
+                jobs += max(counted - step.carried, 0)
+        if step is None:
+            break
+        if step.outcome == "dropped":
+            dropped.append(step.partition)
+            carried += step.carried
+        else:
+            held[step.partition] = step.outcome
+            if step.outcome == "busy":
+                break
+        after = step.hi
+    return Expired(tuple(dropped), jobs, carried, held)

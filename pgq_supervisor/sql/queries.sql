@@ -576,12 +576,13 @@ WHERE id = ANY(ARRAY(
 SELECT {schema}.job_partition_ensure(make_interval(secs => %(interval)s), %(ahead)s)
 
 -- name: partition_clean
-SELECT partition, outcome, hi, 0 AS carried
+SELECT partition, outcome, hi, 0 AS carried, jobs
 FROM {schema}.job_partition_clean(make_interval(secs => %(succeeded)s::float8),
-                                  make_interval(secs => %(failed)s::float8), %(after)s::uuid)
+                                  make_interval(secs => %(failed)s::float8), %(after)s::uuid,
+                                  %(count)s)
 
 -- name: partition_expire
-SELECT partition, outcome, carried, hi
+SELECT partition, outcome, carried, hi, 0::bigint AS jobs
 FROM {schema}.job_partition_expire(make_interval(secs => %(succeeded)s::float8),
                                    make_interval(secs => %(failed)s::float8), %(max_carry)s,
                                    make_interval(secs => %(lock_timeout)s), %(after)s::uuid)

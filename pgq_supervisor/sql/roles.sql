@@ -45,7 +45,7 @@ GRANT INSERT ON pgq.job_bundle, pgq.job_unique, pgq.fair_cursor TO pgq_producer;
 GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA pgq TO pgq_producer;
 GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA pgq TO pgq_producer;
 REVOKE EXECUTE ON FUNCTION pgq.job_partition_ensure(interval, integer),
-  pgq.job_partition_clean(interval, interval, uuid),
+  pgq.job_partition_clean(interval, interval, uuid, boolean),
   pgq.job_partition_expire(interval, interval, integer, interval, uuid) FROM pgq_producer;
 ALTER DEFAULT PRIVILEGES IN SCHEMA pgq GRANT SELECT ON TABLES TO pgq_producer;
 
@@ -56,6 +56,6 @@ GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA pgq TO pgq_dashboard;
 REVOKE EXECUTE ON FUNCTION pgq.link_dependencies(uuid[], uuid[]), pgq.ordered_link(uuid, text),
   pgq.debounce_wait(uuid, text), pgq.debounce_holder(text, jsonb, timestamptz, integer),
   pgq.workflow_signal(uuid, text, jsonb), pgq.job_partition_ensure(interval, integer),
-  pgq.job_partition_clean(interval, interval, uuid),
+  pgq.job_partition_clean(interval, interval, uuid, boolean),
   pgq.job_partition_expire(interval, interval, integer, interval, uuid) FROM pgq_dashboard;
 ALTER DEFAULT PRIVILEGES IN SCHEMA pgq GRANT SELECT ON TABLES TO pgq_dashboard;

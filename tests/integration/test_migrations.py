@@ -225,7 +225,8 @@ INDEXES = {
         " WHERE (unique_key IS NOT NULL)"
     ),
     "job_unique_finished_idx": (
-        "CREATE INDEX job_unique_finished_idx ON ONLY {s}.job USING btree (unique_key, created_at DESC)"
+        "CREATE INDEX job_unique_finished_idx ON ONLY {s}.job USING btree"
+        " (unique_key, created_at DESC)"
         " WHERE ((unique_key IS NOT NULL) AND (stopped_at IS NOT NULL))"
     ),
     "job_ordered_idx": (

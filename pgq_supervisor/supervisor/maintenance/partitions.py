@@ -17,19 +17,17 @@ from __future__ import annotations
 
 import logging
 import math
-import uuid
 from dataclasses import dataclass, field
 
 from pgq_supervisor.db import Conn
 from pgq_supervisor.db import partitions as db_partitions
+from pgq_supervisor.display import plural
 from pgq_supervisor.settings import Settings
 
 log = logging.getLogger(__name__)
 
 PARTITIONS_EVERY = 60.0  # seconds between rounds
 AHEAD = 3 * 3600.0  # partitions exist this far ahead of now (at least two intervals)
-MAX_CARRY = 10_000  # a partition with more jobs still within their window waits for them
-LOCK_TIMEOUT = 0.5  # seconds the drop may wait for the table lock (claims wait behind it)
 MAX_STEPS = 16  # partitions looked at per round
 
 
@@ -43,9 +41,19 @@ def drop_zone(retain_succeeded: float | None, interval: float) -> float | None:
 @dataclass(frozen=True, slots=True)
 class PartitionRound:
     made: tuple[str, ...] = ()
-    dropped: tuple[str, ...] = ()
-    carried: int = 0
-    held: dict[str, str] = field(default_factory=dict)  # partition -> why it stays
+    expired: db_partitions.Expired = field(default_factory=db_partitions.Expired)
+
+    @property
+    def dropped(self) -> tuple[str, ...]:
+        return self.expired.dropped
+
+    @property
+    def carried(self) -> int:
+        return self.expired.carried
+
+    @property
+    def held(self) -> dict[str, str]:
+        return self.expired.held
 
 
 class Partitions:
@@ -59,8 +67,8 @@ class Partitions:
         retain_succeeded: float | None,
         retain_failed: float | None,
         *,
-        max_carry: int = MAX_CARRY,
-        lock_timeout: float = LOCK_TIMEOUT,
+        max_carry: int = db_partitions.MAX_CARRY,
+        lock_timeout: float = db_partitions.LOCK_TIMEOUT,
     ) -> None:
         if not interval >= 60:
             raise ValueError(f"partition_interval must be >= 60 seconds, got {interval}")
@@ -84,45 +92,23 @@ class Partitions:
     def run_once(self, conn: Conn) -> PartitionRound:
         """One round on an autocommit connection. Raises DatabaseError."""
         made = db_partitions.ensure(conn, self.schema, interval=self.interval, ahead=self.ahead)
-        dropped: list[str] = []
-        held: dict[str, str] = {}
-        carried = 0
-        after: uuid.UUID | None = None
-        for _ in range(MAX_STEPS):
-            step = db_partitions.clean(
-                conn,
-                self.schema,
-                succeeded=self.retain_succeeded,
-                failed=self.retain_failed,
-                after=after,
-            )
-            if step is not None and step.outcome == "cleaned":
-                step = db_partitions.expire(
-                    conn,
-                    self.schema,
-                    succeeded=self.retain_succeeded,
-                    failed=self.retain_failed,
-                    after=after,
-                    max_carry=self.max_carry,
-                    lock_timeout=self.lock_timeout,
-                )
-            if step is None:
-                break
-            if step.outcome == "dropped":
-                dropped.append(step.partition)
-                carried += step.carried
-            else:
-                held[step.partition] = step.outcome
-                if step.outcome == "busy":
-                    break  # another supervisor's round, or claims held the lock: next round
-            after = step.hi
-        result = PartitionRound(tuple(made or ()), tuple(dropped), carried, held)
+        expired = db_partitions.expire_old(
+            conn,
+            self.schema,
+            succeeded=self.retain_succeeded,
+            failed=self.retain_failed,
+            max_carry=self.max_carry,
+            lock_timeout=self.lock_timeout,
+            max_steps=MAX_STEPS,
+        )
+        result = PartitionRound(tuple(made or ()), expired)
         if result.made:
             log.info("made job partitions %s", ", ".join(result.made))
-        if result.dropped:
+        if expired.dropped:
             log.info(
-                "dropped job partitions %s (%d jobs still within their window carried)",
-                ", ".join(result.dropped),
-                carried,
+                "dropped job partitions %s: about %s gone, %s still within their window carried",
+                ", ".join(expired.dropped),
+                plural(expired.jobs, "finished job"),
+                plural(expired.carried, "job"),
             )
         return result
