@@ -33,6 +33,7 @@ from benchmarks.procs import ROOT, BenchError, child_env, wait_for
 from benchmarks.report import Json
 from benchmarks.server import SCHEMA, settle
 from benchmarks.walcount import flush_lsn, insert_lsn, keep_wal, schema_bytes, wal_bytes
+from pgq_supervisor.supervisor.maintenance.partitions import Partitions
 
 MB = 1_000_000
 
@@ -47,6 +48,7 @@ class Retention:
     size_before: int  # the schema's bytes before and after: a DELETE frees, it does not shrink
     size_after: int
     setup_seconds: float
+    path: str
 
     def details(self) -> dict[str, Json]:
         return {
@@ -59,8 +61,7 @@ class Retention:
             "schema_bytes_before": self.size_before,
             "schema_bytes_after": self.size_after,
             "setup_seconds": round(self.setup_seconds, 1),
-            "path": "python -m pgq_supervisor purge --older-than 0"
-            " (partitions dropped, then db.delete_finished)",
+            "path": self.path,
         }
 
 
@@ -75,7 +76,21 @@ def _dead_and_deleted(conn: psycopg.Connection[TupleRow]) -> tuple[int, int]:
     return int(row[0]), int(row[1])
 
 
-def run_retention(dsn: str, n: int) -> Retention:
+PATHS = {
+    "purge": "CLI purge: partitions dropped, the rest deleted",
+    "round": "the supervisor's partition round, retain_succeeded 1 s (not default)",
+}
+
+
+def _round(dsn: str) -> int:
+    """The supervisor's partition round (maintenance/partitions.py), in this process: the
+    default windows would keep jobs made this last day, so retain_succeeded is 1 s."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        done = Partitions(SCHEMA, 86400.0, 1.0, 7 * 86400.0).run_once(conn)
+    return done.expired.jobs
+
+
+def run_retention(dsn: str, n: int, path: str = "purge") -> Retention:
     started = time.monotonic()
     reset(dsn)
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -90,19 +105,21 @@ def run_retention(dsn: str, n: int) -> Retention:
         conn.execute("CHECKPOINT")
         start = insert_lsn(conn)
         t0 = time.monotonic()
-        done = subprocess.run(
-            [sys.executable, "-m", "pgq_supervisor", "purge", "--dsn", dsn, "--schema", SCHEMA,
-             "--older-than", "0", "--json"],
-            capture_output=True, text=True, env=child_env(), cwd=ROOT, check=False,
-        )  # fmt: skip
+        if path == "round":
+            _round(dsn)
+        else:
+            done = subprocess.run(
+                [sys.executable, "-m", "pgq_supervisor", "purge", "--dsn", dsn,
+                 "--schema", SCHEMA, "--older-than", "0", "--json"],
+                capture_output=True, text=True, env=child_env(), cwd=ROOT, check=False,
+            )  # fmt: skip
+            if done.returncode != 0:
+                raise BenchError(f"purge exited {done.returncode}: {done.stderr.strip()[-300:]}")
+            purged = int(json.loads(done.stdout)["purged"])
+            if purged != n:
+                raise BenchError(f"purge deleted {purged} jobs of {n}")
         seconds = time.monotonic() - t0
         end = flush_lsn(conn)
-        if done.returncode != 0:
-            raise BenchError(f"purge exited {done.returncode}: {done.stderr.strip()[-300:]}")
-        purged = int(json.loads(done.stdout)["purged"])
-        if purged != n:
-            raise BenchError(f"purge deleted {purged} jobs of {n}")
-        # the CLI's backend sends its counters when it exits, a moment after the client
         dropped = conn.execute("SELECT to_regclass('pgq.job_legacy') IS NULL").fetchone()
         if dropped != (True,):  # deleted row by row: the CLI's backend reports as it exits
             wait_for(
@@ -117,4 +134,4 @@ def run_retention(dsn: str, n: int) -> Retention:
             raise BenchError(f"{left} jobs left after the purge")
         size_after = schema_bytes(conn, SCHEMA)
         wal, fpi = wal_bytes(conn, start, end)
-    return Retention(n, seconds, wal, fpi, dead, size_before, size_after, setup)
+    return Retention(n, seconds, wal, fpi, dead, size_before, size_after, setup, PATHS[path])

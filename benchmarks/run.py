@@ -175,7 +175,7 @@ class Bench:
                 steps += self.deep_steps(r)
         if "retention" in o.groups:
             for r in runs:
-                steps.append(self.retention_step(r))
+                steps += [self.retention_step(r, path) for path in retention.PATHS]
         if "soak" in o.groups:
             for r in runs:
                 steps.append(self.soak_step(r))
@@ -361,7 +361,11 @@ class Bench:
                 "deep.claim",
             ]
         if "retention" in self.opts.groups:
-            self.order += ["retention.seconds", "retention.wal", "retention.dead"]
+            self.order += [
+                f"retention.{path}.{m}"
+                for path in retention.PATHS
+                for m in ("seconds", "wal", "dead")
+            ]
         if "soak" in self.opts.groups:
             self.order += ["soak.throughput", "soak.size", "soak.backlog"]
         if "workflows" in self.opts.groups:
@@ -779,19 +783,20 @@ class Bench:
             tuple(ms.values()),
         )
 
-    def retention_step(self, r: int) -> Step:
+    def retention_step(self, r: int, path: str) -> Step:
         o = self.opts
         n = o.retention_jobs
         res = self.results
-        what = f"purge of {n:,} finished jobs (CLI purge: partitions dropped, the rest deleted)"
-        seconds = res.measure("retention.seconds", f"{what}: seconds", "s", Target("<=", 1))
-        wal_mb = res.measure("retention.wal", f"{what}: WAL", "MB", Target("<=", 10))
-        dead = res.measure("retention.dead", f"{what}: dead tuples left", "tuples", Target("<=", 0))
+        what = f"expiring {n:,} finished jobs ({retention.PATHS[path]})"
+        key = f"retention.{path}"
+        seconds = res.measure(f"{key}.seconds", f"{what}: seconds", "s", Target("<=", 1))
+        wal_mb = res.measure(f"{key}.wal", f"{what}: WAL", "MB", Target("<=", 10))
+        dead = res.measure(f"{key}.dead", f"{what}: dead tuples left", "tuples", Target("<=", 0))
 
         def action() -> str:
             if not self.wal_dsn.get("retention"):
                 self.wal_dsn["retention"] = self.scratch.create("retention", migrate=True)
-            t = retention.run_retention(self.wal_dsn["retention"], n)
+            t = retention.run_retention(self.wal_dsn["retention"], n, path)
             seconds.add(t.seconds, t.details())
             wal_mb.add(t.wal / retention.MB)
             dead.add(t.dead_tuples)
@@ -801,7 +806,7 @@ class Bench:
             )
 
         return Step(
-            f"run {r}/{o.runs} retention: {n:,} finished jobs (set-up in SQL), then purged",
+            f"run {r}/{o.runs} retention: {n:,} finished jobs (set-up in SQL), then {path}",
             action,
             (seconds, wal_mb, dead),
         )

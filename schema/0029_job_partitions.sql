@@ -228,6 +228,29 @@ LANGUAGE sql SET search_path FROM CURRENT AS $$
     SELECT pg_try_advisory_xact_lock(hashtext(current_schema() || '.job_partition'))
 $$;
 
+-- A partition's indexes named after the job table's (job_claim_idx: <partition>_claim_idx), so
+-- that a plan names the index it walks the same way in every partition.
+CREATE FUNCTION job_partition_name_indexes(p_partition text) RETURNS void
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    v_index  text;
+    v_parent text;
+BEGIN
+    FOR v_index, v_parent IN
+        SELECT c.relname, p.relname
+        FROM pg_index x
+        JOIN pg_class c ON c.oid = x.indexrelid
+        JOIN pg_inherits i ON i.inhrelid = x.indexrelid
+        JOIN pg_class p ON p.oid = i.inhparent
+        WHERE x.indrelid = to_regclass(quote_ident(current_schema()) || '.' || quote_ident(p_partition))
+    LOOP
+        IF v_index <> p_partition || '_' || substr(v_parent, 5) THEN
+            EXECUTE format('ALTER INDEX %I RENAME TO %I', v_index,
+                           p_partition || '_' || substr(v_parent, 5));
+        END IF;
+    END LOOP;
+END $$;
+
 -- Makes the partitions of the intervals from the last one made (or from now) until
 -- `p_ahead` intervals from now, each a range of ids [id_floor(start), id_floor(end)). Returns
 -- the names made; NULL when another session is doing it. A range the default partition
@@ -256,6 +279,7 @@ BEGIN
                 ' autovacuum_vacuum_cost_limit = 2000)', v_name);
             EXECUTE format('ALTER TABLE job ATTACH PARTITION %I FOR VALUES FROM (%L) TO (%L)',
                            v_name, id_floor(v_from), id_floor(v_to));
+            PERFORM job_partition_name_indexes(v_name);
             v_made := v_made || v_name;
         EXCEPTION WHEN check_violation THEN
             RAISE NOTICE '%: the default partition holds jobs of this range; left to it', v_name;
@@ -499,6 +523,8 @@ ALTER FUNCTION job_partition_expire(interval, interval, integer, interval, uuid)
 REVOKE EXECUTE ON FUNCTION job_partition_ensure(interval, integer),
     job_partition_clean(interval, interval, uuid, boolean),
     job_partition_expire(interval, interval, integer, interval, uuid) FROM PUBLIC;
+
+SELECT job_partition_name_indexes('job_default');
 
 -- The partitions of today and tomorrow (at the default partition_interval; the supervisors
 -- make the later ones), so that the jobs enqueued before a supervisor runs have theirs.

@@ -1851,6 +1851,7 @@ BEGIN
                 ' autovacuum_vacuum_cost_limit = 2000)', v_name);
             EXECUTE format('ALTER TABLE job ATTACH PARTITION %I FOR VALUES FROM (%L) TO (%L)',
                            v_name, id_floor(v_from), id_floor(v_to));
+            PERFORM job_partition_name_indexes(v_name);
             v_made := v_made || v_name;
         EXCEPTION WHEN check_violation THEN
             RAISE NOTICE '%: the default partition holds jobs of this range; left to it', v_name;
@@ -1967,6 +1968,30 @@ CREATE OR REPLACE FUNCTION job_partition_lock()
 AS $function$
     SELECT pg_try_advisory_xact_lock(hashtext(current_schema() || '.job_partition'))
 $function$;
+
+CREATE OR REPLACE FUNCTION job_partition_name_indexes(p_partition text)
+ RETURNS void
+ LANGUAGE plpgsql
+ SET search_path FROM CURRENT
+AS $function$
+DECLARE
+    v_index  text;
+    v_parent text;
+BEGIN
+    FOR v_index, v_parent IN
+        SELECT c.relname, p.relname
+        FROM pg_index x
+        JOIN pg_class c ON c.oid = x.indexrelid
+        JOIN pg_inherits i ON i.inhrelid = x.indexrelid
+        JOIN pg_class p ON p.oid = i.inhparent
+        WHERE x.indrelid = to_regclass(quote_ident(current_schema()) || '.' || quote_ident(p_partition))
+    LOOP
+        IF v_index <> p_partition || '_' || substr(v_parent, 5) THEN
+            EXECUTE format('ALTER INDEX %I RENAME TO %I', v_index,
+                           p_partition || '_' || substr(v_parent, 5));
+        END IF;
+    END LOOP;
+END $function$;
 
 CREATE OR REPLACE FUNCTION job_partition_next(p_succeeded interval, p_after uuid, OUT partition text, OUT lo uuid, OUT hi uuid)
  RETURNS SETOF record

@@ -185,6 +185,11 @@ class TypeWindowOnlyParams(TypedDict):
     window: float
 
 
+class DashboardIndexParams(TypedDict):
+    schema: str
+    index: str
+
+
 class WorkersParams(TypedDict):
     workers: list[str]
 
@@ -251,8 +256,6 @@ PARAMS: dict[str, type] = {
     "schedule_resume": ScheduleNameParams,
     "schedule_run_now": ScheduleRunParams,
     "delete_job": IdParams,
-    "dashboard_index_created": NoParams,
-    "dashboard_index_type_created": NoParams,
-    "dashboard_index_payload": NoParams,
+    "dashboard_index_missing": DashboardIndexParams,
     "statement_time_limit": TimeLimitParams,
 }

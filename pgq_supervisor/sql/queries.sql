@@ -1204,21 +1204,19 @@ ORDER BY started_at, id
 -- For the rest of the transaction: the Jobs page bounds a search no index serves with it.
 SELECT set_config('statement_timeout', %(ms)s, true)
 
--- name: dashboard_index_payload
--- Opt-in (`dashboard-indexes --payload`): the Jobs page's payload search (payload @> ...).
--- jsonb_path_ops: smaller than the default GIN class and serves @> only, which is all the
--- search asks. Costs every insert a GIN entry per payload value (measured: docs/dashboard.md).
-CREATE INDEX CONCURRENTLY IF NOT EXISTS job_payload_idx ON {schema}.job
-USING gin (payload jsonb_path_ops)
-
--- name: dashboard_index_created
--- Opt-in (schema/0010 says why): the Jobs page's index for its unfiltered list, time ranges
--- and the common states. CONCURRENTLY: no lock on the queue's writes while it builds.
-CREATE INDEX CONCURRENTLY IF NOT EXISTS job_created_idx ON {schema}.job (created_at, id)
-
--- name: dashboard_index_type_created
--- Opt-in, with dashboard_index_created: the Jobs page's type filter.
-CREATE INDEX CONCURRENTLY IF NOT EXISTS job_type_created_idx ON {schema}.job (type, created_at, id)
+-- name: dashboard_index_missing
+-- The partitions of the job table (schema/0029) that have no part of the opt-in index
+-- %(index)s yet (a partition made after it has its own: the parent's indexes are made on it).
+SELECT c.relname::text
+FROM pg_catalog.pg_inherits i
+JOIN pg_catalog.pg_class c ON c.oid = i.inhrelid
+WHERE i.inhparent = to_regclass(quote_ident(%(schema)s::text) || '.job')
+  AND NOT EXISTS (
+      SELECT FROM pg_catalog.pg_inherits x
+      JOIN pg_catalog.pg_index ix ON ix.indexrelid = x.inhrelid
+      WHERE x.inhparent = to_regclass(quote_ident(%(schema)s::text) || '.' || %(index)s::text)
+        AND ix.indrelid = c.oid)
+ORDER BY c.relname
 
 -- name: delete_job
 -- One finished job, by id; no row when it is unknown or not finished. The delete triggers

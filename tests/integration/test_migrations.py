@@ -544,6 +544,7 @@ FUNCTIONS |= {
     "job_partitions",
     "job_partition_lock",
     "job_partition_ensure",
+    "job_partition_name_indexes",
     "job_partition_unfinished",
     "job_partition_next",
     "job_past",

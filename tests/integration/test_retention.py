@@ -14,6 +14,7 @@ from pgq_supervisor.db import Conn
 from pgq_supervisor.jobs import AttemptKind, JobId, JobState
 from pgq_supervisor.settings import load_settings
 from pgq_supervisor.supervisor.maintenance.retention import Pruner, PruneResult
+from tests.support import plans
 from tests.support.db import claim, count_rows
 
 DAY = 86400.0
@@ -133,11 +134,8 @@ def test_constructor_rejects_bad_values(kwargs: dict[str, float | None]) -> None
 
 
 def _plan_nodes(plan: dict[str, object]) -> Iterator[dict[str, object]]:
-    yield plan
-    children = plan.get("Plans", [])
-    assert isinstance(children, list)
-    for child in children:
-        yield from _plan_nodes(child)
+    """Every node, the job table's partitions folded into one (tests/support/plans.py)."""
+    yield from plans.nodes(plan)
 
 
 def test_delete_finished_finds_its_batch_on_the_index_and_deletes_by_primary_key(
