@@ -71,7 +71,8 @@ def _fold(node: Plan) -> Plan | None:
         return None
     # where the partitions walk different indexes (each by its own statistics), the scan of
     # the partition the planner expects the most rows from stands for them
-    one: Plan = dict(max(children, key=lambda c: float(str(c.get("Plan Rows", 0)))))
+    biggest: Plan = max(children, key=lambda c: float(str(c.get("Plan Rows", 0))))
+    one: Plan = dict(biggest)
     for key in _SUMMED:
         values = [v for c in children if isinstance(v := c.get(key), int | float)]
         if values:
