@@ -52,7 +52,9 @@ def _fetched(conn: Conn, types: list[str], limit: int) -> tuple[int, int]:
 
 
 def _blocks_fetched(conn: Conn) -> int:
-    row = conn.execute("SELECT pg_stat_get_xact_blocks_fetched('pgq.job'::regclass)").fetchone()
+    row = conn.execute(  # over the job table's partitions (schema/0029)
+        "SELECT sum(pg_stat_get_xact_blocks_fetched(relid)) FROM pg_partition_tree('pgq.job')"
+    ).fetchone()
     assert row is not None
     return int(str(row[0]))
 
