@@ -5,16 +5,21 @@ ids of three days ago: in the test database's oldest partition (tests/support/pa
 
 from __future__ import annotations
 
+import shutil
 import threading
+import time
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import psycopg
 import pytest
 
 import pgq_supervisor as pgq
-from pgq_supervisor import db
+from pgq_supervisor import db, schema
 from pgq_supervisor.db import Conn
+from pgq_supervisor.db import params as db_params
 from pgq_supervisor.jobs import AttemptKind, JobId, JobState
 from pgq_supervisor.supervisor.maintenance.partitions import PartitionRound, Partitions
 from pgq_supervisor.supervisor.maintenance.retention import Pruner
@@ -214,3 +219,62 @@ def test_concurrent_rounds_drop_once(dsn: str, conn: Conn, old_ids: None) -> Non
         t.join()
     assert sum(len(r.dropped) for r in results) == 1
     assert "job_legacy" not in partitions(conn)
+
+
+def test_the_upgrade_keeps_every_job_where_it_is_and_runs_none_twice(
+    empty_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From schema 28 (one wide table) with finished, pending, running, delayed, bundled,
+    dependent, keyed and workflow jobs: stop, migrate, start (docs/operations.md). Every row
+    is there afterwards, as it was, with its edges; each pending job runs once; the running
+    one finishes under its lease; ids from a client whose clock ran ahead land in a range."""
+    for mig in schema.available():
+        if mig.version < 29:
+            shutil.copy(mig.path, tmp_path / mig.path.name)
+    with psycopg.connect(empty_dsn, autocommit=True) as c:
+        monkeypatch.setattr(schema, "migrations_dir", lambda: tmp_path)
+        pgq.migrate(c, schema="pgq")
+        monkeypatch.undo()
+        ready = [pgq.enqueue(c, "r", {"n": i}) for i in range(20)]
+        for _ in range(10):
+            db.succeed(c, "pgq", claim_one(c, "r").lease, [(ready.pop(0), None)])
+        running = claim_one(c, "r")
+        ready.remove(running.id)
+        later = pgq.enqueue(c, "d", {}, start_at=datetime.now(UTC) + timedelta(days=9))
+        keyed = pgq.enqueue(c, "k", {}, unique_key="one")
+        dependent = pgq.enqueue(c, "r", {"dep": 1}, depends_on=[keyed])
+        bundle = pgq.enqueue_bundle(c, "b", [pgq.NewJob("r", {"b": i}) for i in range(3)])
+        ahead = uuid.UUID(int=db_params.time_ordered(uuid.uuid4().int, time.time_ns() + 10**12))
+        c.execute("INSERT INTO pgq.job (id, type, payload) VALUES (%s, 'r', '{}')", (ahead,))
+        c.execute(
+            "INSERT INTO pgq.workflow_step (job_id, seq, name, kind, state) VALUES"
+            " (%s, 0, 's', 'step', 'succeeded')",
+            (keyed,),
+        )
+        rows = {r[0]: r for r in c.execute("SELECT * FROM pgq.job").fetchall()}
+        edges = c.execute("SELECT * FROM pgq.job_dependency").fetchall()
+
+        assert pgq.migrate(c, schema="pgq") == [m.version for m in schema.available()][28:]
+
+        assert {r[0]: r for r in c.execute("SELECT * FROM pgq.job").fetchall()} == rows
+        assert c.execute("SELECT * FROM pgq.job_dependency").fetchall() == edges
+        assert partition_of(c, later) == "pgq.job_legacy"
+        assert partition_of(c, JobId(ahead)) != "pgq.job_legacy"  # moved to its id's range
+        assert holders_of(c) == {"one": keyed}
+        # the claim taken before the migration still holds: its worker finishes it
+        assert db.succeed(c, "pgq", running.lease, [(running.id, None)]) == {running.id}
+        ran: list[JobId] = []
+        while jobs := db.claim(
+            c, "pgq", worker_id="w", types=["r", "k"], max_retry_counts=[3, 3], limit=7
+        ):
+            ran += [j.id for j in jobs]
+            db.succeed(c, "pgq", jobs[0].lease, [(j.id, None) for j in jobs])
+        assert len(ran) == len(set(ran))  # none twice
+        assert {*ready, keyed, dependent, JobId(ahead)} <= set(ran)
+        assert pgq.get_bundle(c, bundle.id).is_complete
+        assert violations(c) == []
+
+
+def holders_of(conn: Conn) -> dict[str, JobId]:
+    rows = conn.execute("SELECT unique_key, job_id FROM pgq.job_unique").fetchall()
+    return {str(r[0]): JobId(r[1]) for r in rows}
