@@ -139,9 +139,9 @@ def run(dsn: str, n: int) -> list[Step]:
         conn.execute("VACUUM")
         # and no autovacuum during the steps: the job table's aggressive settings start one
         # after every thousand changes, whose WAL would land in whichever step it ran beside
-        for (table,) in conn.execute(
-            "SELECT format('%%I.%%I', schemaname, relname) FROM pg_stat_user_tables"
-            " WHERE schemaname = %s",
+        for (table,) in conn.execute(  # the tables that hold rows: a partitioned one has none
+            "SELECT format('%%I.%%I', s.schemaname, s.relname) FROM pg_stat_user_tables s"
+            " JOIN pg_class c ON c.oid = s.relid WHERE s.schemaname = %s AND c.relkind = 'r'",
             (S,),
         ).fetchall():
             conn.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = off)")
