@@ -254,20 +254,26 @@ END $$;
 -- Makes the partitions of the intervals from the last one made (or from now) until
 -- `p_ahead` intervals from now, each a range of ids [id_floor(start), id_floor(end)). Returns
 -- the names made; NULL when another session is doing it. A range the default partition
--- already holds rows of (a client's clock hours ahead) is left to it, said in a notice.
+-- already holds rows of (a client's clock hours ahead) is left to it, said in a notice. The
+-- ATTACH locks the default partition, which every claim reads: waited for at most half a
+-- second (a claim queued behind it waits as long), else the round stops and the next one,
+-- a minute later, tries again (the partitions are made hours ahead).
 CREATE FUNCTION job_partition_ensure(p_interval interval, p_ahead integer) RETURNS text[]
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
     v_from timestamptz;
     v_to   timestamptz;
-    v_name text;
-    v_made text[] := '{}';
+    v_name  text;
+    v_made  text[] := '{}';
+    v_saved text;
 BEGIN
     IF NOT job_partition_lock() THEN
         RETURN NULL;
     END IF;
     SELECT greatest(max(id_time(p.hi)), date_bin(p_interval, now(), timestamptz 'epoch'))
     INTO v_from FROM job_partitions() p;
+    v_saved := current_setting('lock_timeout');
+    PERFORM set_config('lock_timeout', '500ms', true);
     WHILE v_from < now() + p_interval * p_ahead LOOP
         v_to := date_bin(p_interval, v_from, timestamptz 'epoch') + p_interval;
         v_name := 'job_p' || to_char(v_from AT TIME ZONE 'UTC', 'YYYYMMDD"t"HH24MISS');
@@ -281,11 +287,17 @@ BEGIN
                            v_name, id_floor(v_from), id_floor(v_to));
             PERFORM job_partition_name_indexes(v_name);
             v_made := v_made || v_name;
-        EXCEPTION WHEN check_violation THEN
-            RAISE NOTICE '%: the default partition holds jobs of this range; left to it', v_name;
+        EXCEPTION
+            WHEN check_violation THEN
+                RAISE NOTICE '%: the default partition holds jobs of this range; left to it',
+                             v_name;
+            WHEN lock_not_available THEN
+                RAISE NOTICE '%: the job table is busy; the next round makes it', v_name;
+                EXIT;
         END;
         v_from := v_to;
     END LOOP;
+    PERFORM set_config('lock_timeout', v_saved, true);
     RETURN v_made;
 END $$;
 
@@ -428,6 +440,7 @@ DECLARE
     v_deps  job_dependency[];
     v_steps workflow_step[];
     v_sigs  workflow_signal[];
+    v_saved text;
 BEGIN
     SELECT n.partition, n.lo, n.hi INTO partition, v_lo, hi
     FROM job_partition_next(p_succeeded, p_after) n;
@@ -441,10 +454,11 @@ BEGIN
         RETURN;
     END IF;
     BEGIN
+        v_saved := current_setting('lock_timeout');
         PERFORM set_config('lock_timeout', (extract(epoch FROM p_lock_timeout) * 1000)::bigint
                                            || 'ms', true);
         LOCK TABLE job IN ACCESS EXCLUSIVE MODE;
-        PERFORM set_config('lock_timeout', '0', true);
+        PERFORM set_config('lock_timeout', v_saved, true);
     EXCEPTION WHEN lock_not_available THEN
         RETURN NEXT;
         RETURN;

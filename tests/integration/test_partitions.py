@@ -59,15 +59,41 @@ def test_the_job_table_is_partitioned_by_id_and_jobs_land_by_their_time(conn: Co
     assert count_rows(conn, "job_unique") == 0  # no unique index is needed: the key's table
 
 
+def _no_ranges_ahead(conn: Conn) -> None:
+    """Drop the (empty) partitions the migration made for today and tomorrow."""
+    for (name,) in conn.execute(
+        "SELECT name FROM pgq.job_partitions() WHERE lo IS NOT NULL"
+    ).fetchall():
+        conn.execute(f'ALTER TABLE pgq.job DETACH PARTITION pgq."{name}"')
+        conn.execute(f'DROP TABLE pgq."{name}"')
+
+
 def test_a_round_makes_the_partitions_ahead(conn: Conn) -> None:
+    _no_ranges_ahead(conn)
     made = run(conn, interval=600.0).made
-    names = partitions(conn)
-    assert set(made) <= names
+    assert made and set(made) <= partitions(conn)
     ahead = conn.execute(
         "SELECT max(pgq.id_time(hi)) > now() + interval '2 hours' FROM pgq.job_partitions()"
     ).fetchone()
     assert ahead == (True,)
+    assert partition_of(conn, pgq.enqueue(conn, "t", {})) in {f"pgq.{m}" for m in made}
+    indexes = conn.execute(
+        "SELECT indexrelid::regclass::text FROM pg_index WHERE indrelid = %s::regclass",
+        (f"pgq.{made[0]}",),
+    ).fetchall()
+    assert f"pgq.{made[0]}_claim_idx" in {r[0] for r in indexes}  # named after job's
     assert run(conn, interval=600.0).made == ()  # made once
+
+
+def test_a_reader_holding_the_table_makes_the_round_wait_half_a_second_not_forever(
+    conn: Conn, dsn: str
+) -> None:
+    _no_ranges_ahead(conn)
+    with psycopg.connect(dsn) as reader:  # a report in an open transaction
+        reader.execute("SELECT count(*) FROM pgq.job").fetchone()
+        assert run(conn, interval=600.0).made == ()  # the ATTACH waited 0.5 s, then gave up
+        assert pgq.enqueue(conn, "t", {}) is not None  # the queue was not held behind it
+    assert run(conn, interval=600.0).made != ()
 
 
 def test_finished_jobs_leave_with_their_partition(conn: Conn, old_ids: None) -> None:
