@@ -108,7 +108,7 @@ def test_finished_jobs_leave_with_their_partition(conn: Conn, old_ids: None) -> 
 
     result = run(conn)
 
-    assert result.dropped == ("job_legacy",) and result.carried == 1
+    assert "job_legacy" in result.dropped and result.carried == 1
     assert "job_legacy" not in partitions(conn)
     assert count_rows(conn, where="type = 't'") == 0
     # the failed job is kept its week: the same row, with its id, in the default partition
@@ -129,7 +129,7 @@ def test_a_partition_with_a_job_still_to_run_is_never_dropped(conn: Conn, kind: 
 
     result = run(conn)
 
-    assert result.dropped == () and result.held == {"job_legacy": "unfinished"}
+    assert "job_legacy" not in result.dropped and result.held["job_legacy"] == "unfinished"
     assert raw_row(conn, held) == row
     assert get(conn, done).state is JobState.SUCCEEDED  # left to the partition: not deleted
     assert violations(conn) == []
@@ -151,7 +151,7 @@ def test_carried_jobs_keep_their_edges_and_workflow_rows(conn: Conn) -> None:
 
     result = run(conn)
 
-    assert result.dropped == ("job_legacy",) and result.carried == 1
+    assert "job_legacy" in result.dropped and result.carried == 1
     edges = conn.execute("SELECT job_id, depends_on FROM pgq.job_dependency").fetchall()
     assert edges == [(dependent, failed)]
     steps = conn.execute("SELECT job_id, name FROM pgq.workflow_step").fetchall()
@@ -173,7 +173,7 @@ def test_bundles_stay_counted_when_their_jobs_leave(conn: Conn) -> None:
 
     result = run(conn)
 
-    assert result.dropped == ("job_legacy",) and result.carried == 2  # the failed, the cancelled
+    assert "job_legacy" in result.dropped and result.carried == 2  # the failed, the cancelled
     assert count_rows(conn, where="type = 't'") == 0
     rows = conn.execute("SELECT id, num_jobs, num_jobs_stopped FROM pgq.job_bundle").fetchall()
     counts: dict[uuid.UUID, tuple[int, int]] = {r[0]: (r[1], r[2]) for r in rows}
@@ -188,9 +188,9 @@ def test_one_maintainer_at_a_time(conn: Conn, dsn: str, old_ids: None) -> None:
     with psycopg.connect(dsn) as other:  # another supervisor's round, in its transaction
         assert other.execute("SELECT pgq.job_partition_lock()").fetchone() == (True,)
         result = run(conn)
-        assert result.dropped == () and result.held == {"job_legacy": "busy"}
+        assert "job_legacy" not in result.dropped and result.held["job_legacy"] == "busy"
         assert run(conn).made == ()
-    assert run(conn).dropped == ("job_legacy",)
+    assert "job_legacy" in run(conn).dropped
 
 
 def test_a_reader_holding_the_table_makes_the_drop_wait_not_the_queue(conn: Conn, dsn: str) -> None:
@@ -200,11 +200,11 @@ def test_a_reader_holding_the_table_makes_the_drop_wait_not_the_queue(conn: Conn
     with psycopg.connect(dsn) as reader:  # a long report
         reader.execute("SELECT count(*) FROM pgq.job").fetchone()
         result = run(conn, lock_timeout=0.05)
-        assert result.held == {"job_legacy": "busy"}
+        assert result.held["job_legacy"] == "busy"
         # the queue is not held behind the drop that gave up
         assert pgq.enqueue(conn, "t2", {}) is not None
     assert get(conn, done).state is JobState.SUCCEEDED
-    assert run(conn).dropped == ("job_legacy",)
+    assert "job_legacy" in run(conn).dropped
 
 
 def test_the_pruner_leaves_the_drop_zone_to_the_partitions(conn: Conn) -> None:
@@ -243,7 +243,7 @@ def test_concurrent_rounds_drop_once(dsn: str, conn: Conn, old_ids: None) -> Non
         t.start()
     for t in threads:
         t.join()
-    assert sum(len(r.dropped) for r in results) == 1
+    assert sum(r.dropped.count("job_legacy") for r in results) == 1
     assert "job_legacy" not in partitions(conn)
 
 
