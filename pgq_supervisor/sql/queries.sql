@@ -556,18 +556,20 @@ WHERE id = ANY(ARRAY(
     FOR UPDATE SKIP LOCKED))
 
 -- name: prune_finished
--- The supervisor's retention: delete_finished, but for the jobs of the partitions that will
--- leave whole (schema/0029: those of the drop zone, ids made in the last `zone` seconds),
--- which job_partition_expire drops instead. What is left to rows: the default partition's jobs
--- (carried from a dropped partition, or with an id outside every range) and those of a
--- partition older than the zone that a job still to run holds back.
+-- The supervisor's retention: delete_finished, but for the jobs of the partitions that leave
+-- whole (schema/0029), which job_partition_expire drops instead: those of the drop zone, ids
+-- made in the last `zone` seconds (partitions.drop_zone). What is left to rows: the default
+-- partition's jobs (carried from a dropped partition, or with an id out of every range), the
+-- jobs of job_legacy (the table before 0029: its jobs of every age until it can leave), and
+-- those of a partition that a job still to run holds back past the zone.
 DELETE FROM {schema}.job
 WHERE id = ANY(ARRAY(
     SELECT id FROM {schema}.job
     WHERE state = ANY(%(states)s::{schema}.job_state[])
       AND stopped_at < now() - make_interval(secs => %(older_than)s)
       AND (id < {schema}.id_floor(now() - make_interval(secs => %(zone)s))
-           OR tableoid = to_regclass(quote_ident(%(schema)s::text) || '.job_default'))
+           OR tableoid = to_regclass(quote_ident(%(schema)s::text) || '.job_default')
+           OR tableoid = to_regclass(quote_ident(%(schema)s::text) || '.job_legacy'))
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED))
 

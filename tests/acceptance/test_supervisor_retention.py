@@ -15,9 +15,16 @@ from tests.acceptance.scrape import free_port, get, metric, scrape
 from tests.support.processes import APP, FAST, Supervisor, count
 from tests.support.waiting import wait_for
 
+# with the ids they were made with (time-ordered, schema/0012): older than the database, in the
+# partition the migration made of the table as it was, which the pruner deletes row by row
+# (schema/0029: the newer partitions leave whole)
 FINISHED = """
-INSERT INTO pgq.job (type, payload, state, max_retry_count, started_at, stopped_at, error_msg)
-SELECT 'old', '{}', %(state)s::pgq.job_state, 0,
+INSERT INTO pgq.job (id, type, payload, state, max_retry_count, started_at, stopped_at, error_msg)
+SELECT encode(overlay(uuid_send(gen_random_uuid())
+                      PLACING substring(uuid_send(pgq.id_floor(now() - %(age)s::interval))
+                                        FROM 1 FOR 6)
+                      FROM 1 FOR 6), 'hex')::uuid,
+       'old', '{}', %(state)s::pgq.job_state, 0,
        CASE WHEN %(state)s::text = 'cancelled' THEN NULL ELSE now() - %(age)s::interval END,
        now() - %(age)s::interval,
        CASE WHEN %(state)s::text = 'failed' THEN 'boom' END

@@ -31,11 +31,18 @@ AHEAD = 3 * 3600.0  # partitions exist this far ahead of now (at least two inter
 MAX_STEPS = 16  # partitions looked at per round
 
 
+# a partition past its time may wait this long for a round to drop it before the pruner
+# deletes its jobs row by row (a round a minute; a busy one tries again)
+GRACE = 600.0
+
+
 def drop_zone(retain_succeeded: float | None, interval: float) -> float | None:
     """Seconds of enqueue time whose finished jobs leave by their partition's drop, not by the
-    pruner's DELETE: the succeeded window and two intervals (their partition must end first,
-    and a round must come). None: nothing is dropped, the pruner deletes every finished job."""
-    return None if retain_succeeded is None else retain_succeeded + 2 * interval
+    pruner's DELETE: a partition becomes droppable `retain_succeeded` after its range ends,
+    and a job is at most `interval` older than that end; GRACE for the round. Past the zone,
+    a partition still there is held back by a job still to run: its finished jobs go row by
+    row. None: nothing is dropped, the pruner deletes every finished job."""
+    return None if retain_succeeded is None else retain_succeeded + interval + GRACE
 
 
 @dataclass(frozen=True, slots=True)
