@@ -1,19 +1,21 @@
-"""The `retention` group (issue 35, opt-in): expiring N finished jobs as users do today.
+"""The `retention` group (issue 35, opt-in): expiring N finished jobs, two ways.
 
-Set-up (not timed, not in the figures): `n` succeeded jobs finished over the last day, made
-by one `INSERT … SELECT generate_series` (deep.fill_finished), then VACUUM ANALYZE and a
-CHECKPOINT, as a table whose history autovacuum has long since visited. Then a CHECKPOINT, the
-WAL insert position, and the path users run for retention by hand or from cron (docs/retention.md):
-the real CLI, `python -m pgq_supervisor purge --older-than 0`: since schema 0029 it drops the
-partitions whose every job is finished and past the window first (db/partitions.expire_old,
-the supervisor's partition rounds), then DELETEs what is left, 5,000 rows a statement (db.
-delete_finished, the supervisor's `--retain-*` rounds); the jobs were made over the last day,
-before the database's migration, so they sit in its first partition. Timed from its start to
-its exit (the CLI's own start-up, about 0.3 s, is
-in). Then the flushed WAL position: the WAL between the two, this database's records only
-(walcount.wal_bytes); and the dead tuples the schema's tables hold afterwards
-(`n_dead_tup`, once the CLI's statistics have reached the server), which a vacuum must still
-reclaim.
+Set-up (not timed, not in the figures): `n` succeeded jobs finished over the day before the
+last hour, made by one `INSERT … SELECT generate_series` (deep.fill_finished), then VACUUM
+ANALYZE and a CHECKPOINT, as a table whose history autovacuum has long since visited. Then a
+CHECKPOINT, the WAL insert position, and one of:
+- `purge`: the one job table (the default), through the path users run for retention by hand
+  or from cron (docs/retention.md): the real CLI, `python -m pgq_supervisor purge
+  --older-than 0` (db.delete_finished: DELETEs of 5,000 rows a statement, each its own
+  transaction; the supervisor's `--retain-*` rounds run the same statement), timed from its
+  start to its exit (the CLI's own start-up, about 0.3 s, is in);
+- `round`: the job table partitioned first (schema/0029, opt-in: `partition`; the jobs, made
+  before that, sit in its first partition) and one round of the supervisor's partition
+  maintenance (maintenance/partitions.py) in this process, with retain_succeeded 1 s (the
+  default day would keep jobs made this last day): the partition dropped whole.
+Then the flushed WAL position: the WAL between the two, this database's records only
+(walcount.wal_bytes); and the dead tuples the schema's tables hold afterwards (`n_dead_tup`,
+once the CLI's statistics have reached the server), which a vacuum must still reclaim.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from benchmarks.procs import ROOT, BenchError, child_env, wait_for
 from benchmarks.report import Json
 from benchmarks.server import SCHEMA, settle
 from benchmarks.walcount import flush_lsn, insert_lsn, keep_wal, schema_bytes, wal_bytes
+from pgq_supervisor.db import partitions as db_partitions
 from pgq_supervisor.supervisor.maintenance.partitions import Partitions
 
 MB = 1_000_000
@@ -77,8 +80,9 @@ def _dead_and_deleted(conn: psycopg.Connection[TupleRow]) -> tuple[int, int]:
 
 
 PATHS = {
-    "purge": "CLI purge: partitions dropped, the rest deleted",
-    "round": "the supervisor's partition round, retain_succeeded 1 s (not default)",
+    "purge": "CLI purge of the one table (the default): DELETE",
+    "round": "partitioned table (opt-in: `partition`), the supervisor's round,"
+    " retain_succeeded 1 s (not default)",
 }
 
 
@@ -94,6 +98,8 @@ def run_retention(dsn: str, n: int, path: str = "purge") -> Retention:
     started = time.monotonic()
     reset(dsn)
     with psycopg.connect(dsn, autocommit=True) as conn:
+        if path == "round":  # the jobs, made before it, are all in its first partition
+            db_partitions.convert(conn, SCHEMA, interval=86400.0, lock_timeout=10.0)
         fill_finished(conn, n)
     settle(dsn, ["pgq.job"])
     setup = time.monotonic() - started
@@ -120,8 +126,7 @@ def run_retention(dsn: str, n: int, path: str = "purge") -> Retention:
                 raise BenchError(f"purge deleted {purged} jobs of {n}")
         seconds = time.monotonic() - t0
         end = flush_lsn(conn)
-        dropped = conn.execute("SELECT to_regclass('pgq.job_legacy') IS NULL").fetchone()
-        if dropped != (True,):  # deleted row by row: the CLI's backend reports as it exits
+        if path == "purge":  # deleted row by row: the CLI's backend reports as it exits
             wait_for(
                 "the purge's statistics",
                 lambda: _dead_and_deleted(conn)[1] - deleted_before >= n,

@@ -22,7 +22,7 @@ COMMAND_GROUPS: dict[str, tuple[str, ...]] = {
     "run and serve": ("run", "demo", "dashboard", "embedded"),
     "inspect": ("status", "depth", "jobs", "show", "workers", "schedules", "doctor"),
     "change": ("enqueue", "retry", "cancel", "purge", "pause", "resume"),
-    "schema": ("migrate", "schema-dump", "dashboard-indexes"),
+    "schema": ("migrate", "schema-dump", "dashboard-indexes", "partition"),
 }
 # flag -> setting, for `run`; values are validated by Settings, not argparse
 RUN_FLAGS = {

@@ -1,19 +1,19 @@
--- pgq_supervisor schema, version 29 (issue 35, step 4): job is range-partitioned by its id.
--- Ids are time-ordered (schema 0012: the first 48 bits are the Unix time in milliseconds), so a
--- range of ids is a range of enqueue times. Finished jobs then leave by the partition: a
--- supervisor drops a partition whose every job is finished and past its retention window
--- (job_partition_expire, below), instead of deleting its rows one by one and leaving vacuum a
--- second pass over each. A partition is never dropped while a job in it is unfinished; the few
--- finished jobs in it that are still within their window (failed and cancelled jobs are kept
--- longer than succeeded ones) are carried into the default partition, with their ids.
+-- pgq_supervisor schema, version 29 (issue 35, step 4): the job table partitioned by its id,
+-- opt-in. Ids are time-ordered (schema 0012: the first 48 bits are the Unix time in
+-- milliseconds), so a range of ids is a range of enqueue times. In a partitioned job table,
+-- finished jobs leave by the partition: a supervisor drops a partition whose every job is
+-- finished and past its retention window (job_partition_expire, below), instead of deleting
+-- its rows one by one and leaving vacuum a second pass over each. A partition is never dropped
+-- while a job in it is unfinished; the few finished jobs in it that are still within their
+-- window (failed and cancelled jobs are kept longer than succeeded ones) are carried into the
+-- default partition, with their ids.
 --
--- The conversion keeps every row where it is: the table becomes the first partition,
--- job_legacy, for every id made before the migration (one scan to validate its bound, no copy), its
--- indexes become the partitioned table's; rows with a higher id (a client whose clock runs
--- ahead; a version-4 id from before 0012) are moved into the partition their id belongs to.
--- The unique partial index on unique_key goes (a partitioned table cannot have it: 0027 moved
--- the rule into job_unique and kept the index one version for older producers). Run it with
--- the supervisors stopped (docs/operations.md: stop, migrate, start).
+-- This migration changes no table: it adds the functions. `python -m pgq_supervisor
+-- partition` (job_partition_convert) converts the table, with the supervisors stopped. Not
+-- the default yet: every statement over a partitioned job table plans and locks each of its
+-- partitions and their indexes, and the no-op drain at 2 procs measured 0.73x of the one
+-- table's with four partitions (docs/storage.md); the claim has to read a narrow table of its
+-- own (step 3) before this is the default.
 
 -- The lowest id made in `p_at`'s millisecond: a partition bound.
 CREATE FUNCTION id_floor(p_at timestamptz) RETURNS uuid
@@ -29,182 +29,11 @@ LANGUAGE sql IMMUTABLE SET search_path FROM CURRENT AS $$
                         / 1000.0)
 $$;
 
--- ---- the conversion --------------------------------------------------------------------------
-
--- What points at job: re-made against the partitioned table at the end.
-ALTER TABLE job_dependency DROP CONSTRAINT job_dependency_depends_on_fkey;
-ALTER TABLE job_dependency DROP CONSTRAINT job_dependency_job_id_fkey;
-ALTER TABLE workflow_signal DROP CONSTRAINT workflow_signal_job_id_fkey;
-ALTER TABLE workflow_step DROP CONSTRAINT workflow_step_job_id_fkey;
-
--- The triggers are made again on the partitioned table (row triggers reach every partition).
-DROP TRIGGER job_bundle_count_delete ON job;
-DROP TRIGGER job_bundle_count_update ON job;
-DROP TRIGGER job_dependency_deleted ON job;
-DROP TRIGGER job_floor_requeue ON job;
-DROP TRIGGER job_notify_due ON job;
-DROP TRIGGER job_notify_inserted ON job;
-DROP TRIGGER job_ordered_release ON job;
-DROP TRIGGER job_ordered_release_deleted ON job;
-DROP TRIGGER job_ordered_state ON job;
-DROP TRIGGER job_recount_waiting ON job;
-DROP TRIGGER job_release_dependents ON job;
-DROP TRIGGER job_tenant_type ON job;
-DROP TRIGGER job_unique_deleted ON job;
-DROP TRIGGER job_unique_rehold ON job;
-DROP TRIGGER job_unique_release ON job;
-DROP TRIGGER job_unique_take ON job;
-DROP TRIGGER job_unique_truncated ON job;
-DROP TRIGGER job_workflow_child_ended ON job;
-
-DROP INDEX job_unique_key_idx;
-
-ALTER TABLE job RENAME TO job_legacy;
-ALTER TABLE job_legacy RENAME CONSTRAINT job_pkey TO job_legacy_pkey;
-DO $$
-DECLARE
-    v_name text;
-BEGIN
-    FOR v_name IN SELECT i.relname FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid
-                  WHERE x.indrelid = 'job_legacy'::regclass AND NOT x.indisprimary LOOP
-        EXECUTE format('ALTER INDEX %I RENAME TO %I', v_name,
-                       'job_legacy_' || substr(v_name, 5));
-    END LOOP;
-END $$;
-
-CREATE TABLE job (LIKE job_legacy INCLUDING DEFAULTS INCLUDING CONSTRAINTS)
-PARTITION BY RANGE (id);
-ALTER TABLE job ADD CONSTRAINT job_pkey PRIMARY KEY (id);
-ALTER TABLE job ADD CONSTRAINT job_bundle_id_fkey FOREIGN KEY (bundle_id)
-    REFERENCES job_bundle (id) ON DELETE CASCADE;
-
--- Jobs the ranges do not cover: carried from a dropped partition, or an id out of every range.
-CREATE TABLE job_default (LIKE job INCLUDING DEFAULTS INCLUDING CONSTRAINTS)
-WITH (fillfactor = 90, autovacuum_vacuum_scale_factor = 0.01,
-      autovacuum_vacuum_threshold = 1000, autovacuum_analyze_scale_factor = 0.02,
-      autovacuum_vacuum_cost_limit = 2000);
-ALTER TABLE job ATTACH PARTITION job_default DEFAULT;
-
--- Every id from now on moves to the partition its id names (the default one, or one
--- job_partition_ensure makes below); job_legacy keeps the rest, no row copied.
-CREATE TEMP TABLE job_moved ON COMMIT DROP AS SELECT * FROM job_legacy WHERE id >= id_floor(now());
-DELETE FROM job_legacy WHERE id >= id_floor(now());
-DO $$
-BEGIN
-    -- a validated bound: ATTACH then needs no scan of its own
-    EXECUTE format('ALTER TABLE job_legacy ADD CONSTRAINT job_legacy_bound CHECK (id < %L)',
-                   id_floor(now()));
-    EXECUTE format('ALTER TABLE job ATTACH PARTITION job_legacy FOR VALUES FROM (MINVALUE) TO (%L)',
-                   id_floor(now()));
-END $$;
-ALTER TABLE job_legacy DROP CONSTRAINT job_legacy_bound;
-
--- The indexes: job_legacy's own are attached, not built again; job_default's are made.
-CREATE INDEX job_bundle_idx ON job (bundle_id) WHERE bundle_id IS NOT NULL;
-CREATE INDEX job_claim_idx ON job (priority DESC, created_at, id)
-    WHERE state = 'pending' AND waiting_on = 0 AND start_at <= created_at AND tenant IS NULL;
-CREATE INDEX job_debounce_key_idx ON job (debounce_key)
-    WHERE debounce_key IS NOT NULL AND state IN ('pending', 'running');
-CREATE INDEX job_delayed_idx ON job (start_at, type)
-    WHERE state = 'pending' AND waiting_on = 0 AND start_at > created_at;
-CREATE INDEX job_finished_idx ON job (state, stopped_at) WHERE stopped_at IS NOT NULL;
-CREATE INDEX job_ordered_idx ON job (ordered_key, ordered_seq)
-    WHERE ordered_key IS NOT NULL AND state IN ('pending', 'running', 'failed');
-CREATE INDEX job_running_idx ON job (lease) WHERE state = 'running';
-CREATE INDEX job_tenant_idx ON job (type, tenant, priority DESC, created_at, id)
-    WHERE state = 'pending' AND waiting_on = 0 AND start_at <= created_at AND tenant IS NOT NULL;
-CREATE INDEX job_unique_finished_idx ON job (unique_key, created_at DESC)
-    WHERE unique_key IS NOT NULL AND stopped_at IS NOT NULL;
-CREATE INDEX job_unique_key_any_idx ON job (unique_key) WHERE unique_key IS NOT NULL;
-CREATE INDEX job_unusual_created_idx ON job (state, created_at, id)
-    WHERE state IN ('failed', 'cancelled');
-
-INSERT INTO job SELECT * FROM job_moved;
-
--- The triggers, as 0024 to 0027 made them.
-CREATE TRIGGER job_bundle_count_delete AFTER DELETE ON job
-    REFERENCING OLD TABLE AS bundle_old_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION job_bundle_count_deleted();
-CREATE TRIGGER job_bundle_count_update AFTER UPDATE ON job
-    REFERENCING OLD TABLE AS bundle_old_rows NEW TABLE AS bundle_new_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION job_bundle_count_updated();
-CREATE TRIGGER job_dependency_deleted BEFORE DELETE ON job
-    FOR EACH ROW WHEN (old.has_dependents) EXECUTE FUNCTION job_dependency_deleted();
-CREATE TRIGGER job_floor_requeue BEFORE UPDATE OF waiting_on, priority, start_at ON job
-    FOR EACH ROW WHEN (new.state = 'pending' AND new.waiting_on = 0 AND new.tenant IS NULL
-                       AND new.start_at <= new.created_at
-                       AND (old.waiting_on > 0 OR old.priority <> new.priority
-                            OR old.start_at > old.created_at))
-    EXECUTE FUNCTION job_floor_requeue();
-CREATE TRIGGER job_notify_due AFTER UPDATE ON job
-    REFERENCING NEW TABLE AS due_new_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION job_notify_due();
-CREATE TRIGGER job_notify_inserted AFTER INSERT ON job
-    REFERENCING NEW TABLE AS new_jobs
-    FOR EACH STATEMENT EXECUTE FUNCTION job_notify_inserted();
-CREATE TRIGGER job_ordered_release AFTER UPDATE OF state ON job
-    FOR EACH ROW WHEN (old.ordered_key IS NOT NULL AND old.waiting_on = 0
-                       AND old.state IN ('pending', 'running')
-                       AND new.state IN ('succeeded', 'cancelled'))
-    EXECUTE FUNCTION job_ordered_release();
-CREATE TRIGGER job_ordered_release_deleted AFTER DELETE ON job
-    FOR EACH ROW WHEN (old.ordered_key IS NOT NULL AND old.waiting_on = 0
-                       AND old.state IN ('pending', 'running', 'failed'))
-    EXECUTE FUNCTION job_ordered_release();
-CREATE TRIGGER job_ordered_state BEFORE UPDATE OF state ON job
-    FOR EACH ROW WHEN (new.ordered_key IS NOT NULL AND old.state IS DISTINCT FROM new.state)
-    EXECUTE FUNCTION job_ordered_state();
-CREATE TRIGGER job_recount_waiting BEFORE UPDATE OF state ON job
-    FOR EACH ROW WHEN (new.depends_on IS NOT NULL AND old.state IS DISTINCT FROM new.state)
-    EXECUTE FUNCTION job_recount_waiting();
-CREATE TRIGGER job_release_dependents AFTER UPDATE OF state ON job
-    FOR EACH ROW WHEN (new.has_dependents
-                       AND (old.state IN ('succeeded', 'failed', 'cancelled'))
-                           IS DISTINCT FROM (new.state IN ('succeeded', 'failed', 'cancelled')))
-    EXECUTE FUNCTION job_release_dependents();
-CREATE TRIGGER job_tenant_type AFTER INSERT ON job
-    FOR EACH ROW WHEN (new.tenant IS NOT NULL) EXECUTE FUNCTION job_tenant_type();
-CREATE TRIGGER job_unique_deleted AFTER DELETE ON job
-    FOR EACH ROW WHEN (old.unique_key IS NOT NULL AND old.state IN ('pending', 'running'))
-    EXECUTE FUNCTION job_unique_release();
-CREATE TRIGGER job_unique_rehold AFTER UPDATE OF state, unique_key ON job
-    FOR EACH ROW WHEN (new.unique_key IS NOT NULL AND new.state IN ('pending', 'running')
-                       AND (old.state NOT IN ('pending', 'running')
-                            OR old.unique_key IS DISTINCT FROM new.unique_key))
-    EXECUTE FUNCTION job_unique_hold();
-CREATE TRIGGER job_unique_release AFTER UPDATE OF state, unique_key ON job
-    FOR EACH ROW WHEN (old.unique_key IS NOT NULL AND old.state IN ('pending', 'running')
-                       AND (new.state NOT IN ('pending', 'running')
-                            OR new.unique_key IS DISTINCT FROM old.unique_key))
-    EXECUTE FUNCTION job_unique_release();
-CREATE TRIGGER job_unique_take BEFORE INSERT ON job
-    FOR EACH ROW WHEN (new.unique_key IS NOT NULL AND new.state IN ('pending', 'running'))
-    EXECUTE FUNCTION job_unique_take();
-CREATE TRIGGER job_unique_truncated AFTER TRUNCATE ON job
-    FOR EACH STATEMENT EXECUTE FUNCTION job_unique_truncated();
-CREATE TRIGGER job_workflow_child_ended AFTER UPDATE OF state ON job
-    FOR EACH ROW WHEN (new.workflow_parent IS NOT NULL AND new.state <> old.state
-                       AND new.state IN ('succeeded', 'failed', 'cancelled'))
-    EXECUTE FUNCTION workflow_child_ended();
-
-ALTER TABLE job_dependency ADD CONSTRAINT job_dependency_depends_on_fkey
-    FOREIGN KEY (depends_on) REFERENCES job (id) ON DELETE CASCADE;
-ALTER TABLE job_dependency ADD CONSTRAINT job_dependency_job_id_fkey
-    FOREIGN KEY (job_id) REFERENCES job (id) ON DELETE CASCADE;
-ALTER TABLE workflow_signal ADD CONSTRAINT workflow_signal_job_id_fkey
-    FOREIGN KEY (job_id) REFERENCES job (id) ON DELETE CASCADE;
-ALTER TABLE workflow_step ADD CONSTRAINT workflow_step_job_id_fkey
-    FOREIGN KEY (job_id) REFERENCES job (id) ON DELETE CASCADE;
-
--- enqueue_checked returned job_legacy's row type (a function's result type is the type, not
--- its name): the same function again, returning the partitioned table's.
-DO $$
-DECLARE
-    v_def text := pg_get_functiondef('enqueue_checked(text, jsonb, jsonb)'::regprocedure);
-BEGIN
-    DROP FUNCTION enqueue_checked(text, jsonb, jsonb);
-    EXECUTE regexp_replace(v_def, 'RETURNS \S*job_legacy', 'RETURNS job');
-END $$;
+-- Whether job is the partitioned table (job_partition_convert made it so).
+CREATE FUNCTION job_partitioned() RETURNS boolean
+LANGUAGE sql STABLE SET search_path FROM CURRENT AS $$
+    SELECT relkind = 'p' FROM pg_class WHERE oid = 'job'::regclass
+$$;
 
 -- ---- partition maintenance (a supervisor's pruner calls these; docs/storage.md) ---------------
 
@@ -267,7 +96,7 @@ DECLARE
     v_made  text[] := '{}';
     v_saved text;
 BEGIN
-    IF NOT job_partition_lock() THEN
+    IF NOT job_partitioned() OR NOT job_partition_lock() THEN
         RETURN NULL;
     END IF;
     SELECT greatest(max(id_time(p.hi)), date_bin(p_interval, now(), timestamptz 'epoch'))
@@ -528,6 +357,233 @@ BEGIN
     RETURN NEXT;
 END $$;
 
+-- ---- the conversion (opt-in: `python -m pgq_supervisor partition`) ---------------------------
+
+-- Turns job into the partitioned table, in the caller's transaction, under its lock: the
+-- table becomes the first partition, job_legacy, for every id made before now (one scan to
+-- validate its bound, no copy), its indexes become the partitioned table's; rows with a
+-- higher id (a client whose clock runs ahead; a version-4 id from before 0012) move into the
+-- partition their id belongs to. The unique partial index on unique_key goes (a partitioned
+-- table cannot have it: 0027 moved the rule into job_unique). Then the partitions of
+-- `p_ahead` intervals of `p_interval`. False when job is partitioned already.
+CREATE FUNCTION job_partition_convert(p_interval interval, p_ahead integer) RETURNS boolean
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $fn$
+DECLARE
+    v_name    text;
+    v_def     text;
+    v_fn      text;
+    v_acl     aclitem[];
+    v_grantee oid;
+    v_priv    text;
+BEGIN
+    IF job_partitioned() THEN
+        RETURN false;
+    END IF;
+    LOCK TABLE job IN ACCESS EXCLUSIVE MODE;
+    -- What points at job: re-made against the partitioned table at the end.
+    ALTER TABLE job_dependency DROP CONSTRAINT job_dependency_depends_on_fkey;
+    ALTER TABLE job_dependency DROP CONSTRAINT job_dependency_job_id_fkey;
+    ALTER TABLE workflow_signal DROP CONSTRAINT workflow_signal_job_id_fkey;
+    ALTER TABLE workflow_step DROP CONSTRAINT workflow_step_job_id_fkey;
+
+    -- The triggers are made again on the partitioned table (row triggers reach every partition).
+    DROP TRIGGER job_bundle_count_delete ON job;
+    DROP TRIGGER job_bundle_count_update ON job;
+    DROP TRIGGER job_dependency_deleted ON job;
+    DROP TRIGGER job_floor_requeue ON job;
+    DROP TRIGGER job_notify_due ON job;
+    DROP TRIGGER job_notify_inserted ON job;
+    DROP TRIGGER job_ordered_release ON job;
+    DROP TRIGGER job_ordered_release_deleted ON job;
+    DROP TRIGGER job_ordered_state ON job;
+    DROP TRIGGER job_recount_waiting ON job;
+    DROP TRIGGER job_release_dependents ON job;
+    DROP TRIGGER job_tenant_type ON job;
+    DROP TRIGGER job_unique_deleted ON job;
+    DROP TRIGGER job_unique_rehold ON job;
+    DROP TRIGGER job_unique_release ON job;
+    DROP TRIGGER job_unique_take ON job;
+    DROP TRIGGER job_unique_truncated ON job;
+    DROP TRIGGER job_workflow_child_ended ON job;
+
+    DROP INDEX job_unique_key_idx;
+
+    ALTER TABLE job RENAME TO job_legacy;
+    ALTER TABLE job_legacy RENAME CONSTRAINT job_pkey TO job_legacy_pkey;
+    FOR v_name IN SELECT i.relname FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid
+                  WHERE x.indrelid = 'job_legacy'::regclass AND NOT x.indisprimary LOOP
+        EXECUTE format('ALTER INDEX %I RENAME TO %I', v_name, 'job_legacy_' || substr(v_name, 5));
+    END LOOP;
+
+    CREATE TABLE job (LIKE job_legacy INCLUDING DEFAULTS INCLUDING CONSTRAINTS)
+    PARTITION BY RANGE (id);
+    ALTER TABLE job ADD CONSTRAINT job_pkey PRIMARY KEY (id);
+    ALTER TABLE job ADD CONSTRAINT job_bundle_id_fkey FOREIGN KEY (bundle_id)
+        REFERENCES job_bundle (id) ON DELETE CASCADE;
+
+    -- Jobs the ranges do not cover: carried from a dropped partition, or an id out of every range.
+    CREATE TABLE job_default (LIKE job INCLUDING DEFAULTS INCLUDING CONSTRAINTS)
+    WITH (fillfactor = 90, autovacuum_vacuum_scale_factor = 0.01,
+          autovacuum_vacuum_threshold = 1000, autovacuum_analyze_scale_factor = 0.02,
+          autovacuum_vacuum_cost_limit = 2000);
+    ALTER TABLE job ATTACH PARTITION job_default DEFAULT;
+
+    -- Every id from now on moves to the partition its id names (the default one, or one
+    -- job_partition_ensure makes below); job_legacy keeps the rest, no row copied.
+    CREATE TEMP TABLE job_moved ON COMMIT DROP AS
+    SELECT * FROM job_legacy WHERE id >= id_floor(now());
+    DELETE FROM job_legacy WHERE id >= id_floor(now());
+    -- a validated bound: ATTACH then needs no scan of its own
+    EXECUTE format('ALTER TABLE job_legacy ADD CONSTRAINT job_legacy_bound CHECK (id < %L)',
+                   id_floor(now()));
+    EXECUTE format('ALTER TABLE job ATTACH PARTITION job_legacy FOR VALUES FROM (MINVALUE) TO (%L)',
+                   id_floor(now()));
+    ALTER TABLE job_legacy DROP CONSTRAINT job_legacy_bound;
+
+    -- The indexes: job_legacy's own are attached, not built again; job_default's are made.
+    CREATE INDEX job_bundle_idx ON job (bundle_id) WHERE bundle_id IS NOT NULL;
+    CREATE INDEX job_claim_idx ON job (priority DESC, created_at, id)
+        WHERE state = 'pending' AND waiting_on = 0 AND start_at <= created_at AND tenant IS NULL;
+    CREATE INDEX job_debounce_key_idx ON job (debounce_key)
+        WHERE debounce_key IS NOT NULL AND state IN ('pending', 'running');
+    CREATE INDEX job_delayed_idx ON job (start_at, type)
+        WHERE state = 'pending' AND waiting_on = 0 AND start_at > created_at;
+    CREATE INDEX job_finished_idx ON job (state, stopped_at) WHERE stopped_at IS NOT NULL;
+    CREATE INDEX job_ordered_idx ON job (ordered_key, ordered_seq)
+        WHERE ordered_key IS NOT NULL AND state IN ('pending', 'running', 'failed');
+    CREATE INDEX job_running_idx ON job (lease) WHERE state = 'running';
+    CREATE INDEX job_tenant_idx ON job (type, tenant, priority DESC, created_at, id)
+        WHERE state = 'pending' AND waiting_on = 0 AND start_at <= created_at AND tenant IS NOT NULL;
+    CREATE INDEX job_unique_finished_idx ON job (unique_key, created_at DESC)
+        WHERE unique_key IS NOT NULL AND stopped_at IS NOT NULL;
+    CREATE INDEX job_unique_key_any_idx ON job (unique_key) WHERE unique_key IS NOT NULL;
+    CREATE INDEX job_unusual_created_idx ON job (state, created_at, id)
+        WHERE state IN ('failed', 'cancelled');
+
+    INSERT INTO job SELECT * FROM job_moved;
+
+    -- The triggers, as 0024 to 0027 made them.
+    CREATE TRIGGER job_bundle_count_delete AFTER DELETE ON job
+        REFERENCING OLD TABLE AS bundle_old_rows
+        FOR EACH STATEMENT EXECUTE FUNCTION job_bundle_count_deleted();
+    CREATE TRIGGER job_bundle_count_update AFTER UPDATE ON job
+        REFERENCING OLD TABLE AS bundle_old_rows NEW TABLE AS bundle_new_rows
+        FOR EACH STATEMENT EXECUTE FUNCTION job_bundle_count_updated();
+    CREATE TRIGGER job_dependency_deleted BEFORE DELETE ON job
+        FOR EACH ROW WHEN (old.has_dependents) EXECUTE FUNCTION job_dependency_deleted();
+    CREATE TRIGGER job_floor_requeue BEFORE UPDATE OF waiting_on, priority, start_at ON job
+        FOR EACH ROW WHEN (new.state = 'pending' AND new.waiting_on = 0 AND new.tenant IS NULL
+                           AND new.start_at <= new.created_at
+                           AND (old.waiting_on > 0 OR old.priority <> new.priority
+                                OR old.start_at > old.created_at))
+        EXECUTE FUNCTION job_floor_requeue();
+    CREATE TRIGGER job_notify_due AFTER UPDATE ON job
+        REFERENCING NEW TABLE AS due_new_rows
+        FOR EACH STATEMENT EXECUTE FUNCTION job_notify_due();
+    CREATE TRIGGER job_notify_inserted AFTER INSERT ON job
+        REFERENCING NEW TABLE AS new_jobs
+        FOR EACH STATEMENT EXECUTE FUNCTION job_notify_inserted();
+    CREATE TRIGGER job_ordered_release AFTER UPDATE OF state ON job
+        FOR EACH ROW WHEN (old.ordered_key IS NOT NULL AND old.waiting_on = 0
+                           AND old.state IN ('pending', 'running')
+                           AND new.state IN ('succeeded', 'cancelled'))
+        EXECUTE FUNCTION job_ordered_release();
+    CREATE TRIGGER job_ordered_release_deleted AFTER DELETE ON job
+        FOR EACH ROW WHEN (old.ordered_key IS NOT NULL AND old.waiting_on = 0
+                           AND old.state IN ('pending', 'running', 'failed'))
+        EXECUTE FUNCTION job_ordered_release();
+    CREATE TRIGGER job_ordered_state BEFORE UPDATE OF state ON job
+        FOR EACH ROW WHEN (new.ordered_key IS NOT NULL AND old.state IS DISTINCT FROM new.state)
+        EXECUTE FUNCTION job_ordered_state();
+    CREATE TRIGGER job_recount_waiting BEFORE UPDATE OF state ON job
+        FOR EACH ROW WHEN (new.depends_on IS NOT NULL AND old.state IS DISTINCT FROM new.state)
+        EXECUTE FUNCTION job_recount_waiting();
+    CREATE TRIGGER job_release_dependents AFTER UPDATE OF state ON job
+        FOR EACH ROW WHEN (new.has_dependents
+                           AND (old.state IN ('succeeded', 'failed', 'cancelled'))
+                               IS DISTINCT FROM (new.state IN ('succeeded', 'failed', 'cancelled')))
+        EXECUTE FUNCTION job_release_dependents();
+    CREATE TRIGGER job_tenant_type AFTER INSERT ON job
+        FOR EACH ROW WHEN (new.tenant IS NOT NULL) EXECUTE FUNCTION job_tenant_type();
+    CREATE TRIGGER job_unique_deleted AFTER DELETE ON job
+        FOR EACH ROW WHEN (old.unique_key IS NOT NULL AND old.state IN ('pending', 'running'))
+        EXECUTE FUNCTION job_unique_release();
+    CREATE TRIGGER job_unique_rehold AFTER UPDATE OF state, unique_key ON job
+        FOR EACH ROW WHEN (new.unique_key IS NOT NULL AND new.state IN ('pending', 'running')
+                           AND (old.state NOT IN ('pending', 'running')
+                                OR old.unique_key IS DISTINCT FROM new.unique_key))
+        EXECUTE FUNCTION job_unique_hold();
+    CREATE TRIGGER job_unique_release AFTER UPDATE OF state, unique_key ON job
+        FOR EACH ROW WHEN (old.unique_key IS NOT NULL AND old.state IN ('pending', 'running')
+                           AND (new.state NOT IN ('pending', 'running')
+                                OR new.unique_key IS DISTINCT FROM old.unique_key))
+        EXECUTE FUNCTION job_unique_release();
+    CREATE TRIGGER job_unique_take BEFORE INSERT ON job
+        FOR EACH ROW WHEN (new.unique_key IS NOT NULL AND new.state IN ('pending', 'running'))
+        EXECUTE FUNCTION job_unique_take();
+    CREATE TRIGGER job_unique_truncated AFTER TRUNCATE ON job
+        FOR EACH STATEMENT EXECUTE FUNCTION job_unique_truncated();
+    CREATE TRIGGER job_workflow_child_ended AFTER UPDATE OF state ON job
+        FOR EACH ROW WHEN (new.workflow_parent IS NOT NULL AND new.state <> old.state
+                           AND new.state IN ('succeeded', 'failed', 'cancelled'))
+        EXECUTE FUNCTION workflow_child_ended();
+
+    ALTER TABLE job_dependency ADD CONSTRAINT job_dependency_depends_on_fkey
+        FOREIGN KEY (depends_on) REFERENCES job (id) ON DELETE CASCADE;
+    ALTER TABLE job_dependency ADD CONSTRAINT job_dependency_job_id_fkey
+        FOREIGN KEY (job_id) REFERENCES job (id) ON DELETE CASCADE;
+    ALTER TABLE workflow_signal ADD CONSTRAINT workflow_signal_job_id_fkey
+        FOREIGN KEY (job_id) REFERENCES job (id) ON DELETE CASCADE;
+    ALTER TABLE workflow_step ADD CONSTRAINT workflow_step_job_id_fkey
+        FOREIGN KEY (job_id) REFERENCES job (id) ON DELETE CASCADE;
+
+    -- The privileges the table had (roles.sql's, users' own), on the table and its columns.
+    FOR v_grantee, v_priv IN
+        SELECT a.grantee, a.privilege_type
+        FROM pg_class c CROSS JOIN LATERAL aclexplode(c.relacl) a
+        WHERE c.oid = 'job_legacy'::regclass AND a.grantee <> c.relowner
+    LOOP
+        EXECUTE format('GRANT %s ON job TO %s', v_priv,
+                       CASE WHEN v_grantee = 0 THEN 'PUBLIC'
+                            ELSE quote_ident(pg_get_userbyid(v_grantee)) END);
+    END LOOP;
+    FOR v_name, v_grantee, v_priv IN
+        SELECT t.attname::text, a.grantee, a.privilege_type
+        FROM pg_attribute t CROSS JOIN LATERAL aclexplode(t.attacl) a
+        WHERE t.attrelid = 'job_legacy'::regclass AND t.attacl IS NOT NULL
+    LOOP
+        EXECUTE format('GRANT %s (%I) ON job TO %s', v_priv, v_name,
+                       CASE WHEN v_grantee = 0 THEN 'PUBLIC'
+                            ELSE quote_ident(pg_get_userbyid(v_grantee)) END);
+    END LOOP;
+
+    -- A function that takes or returns the table's row type (enqueue_checked, job_fresh) has
+    -- job_legacy's now (a function's types are types, not names): each made again with the
+    -- partitioned table's, with the privileges it had.
+    FOR v_fn, v_def, v_acl IN
+        SELECT p.oid::regprocedure::text, pg_get_functiondef(p.oid), p.proacl
+        FROM pg_proc p
+        JOIN pg_depend d ON d.classid = 'pg_proc'::regclass AND d.objid = p.oid
+        WHERE d.refclassid = 'pg_type'::regclass AND d.refobjid = 'job_legacy'::regtype
+    LOOP
+        EXECUTE 'DROP FUNCTION ' || v_fn;
+        EXECUTE regexp_replace(v_def, '\mjob_legacy\M', 'job', 'g');
+        v_fn := regexp_replace(v_fn, '\mjob_legacy\M', 'job', 'g');
+        IF v_acl IS NOT NULL THEN
+            EXECUTE 'REVOKE ALL ON FUNCTION ' || v_fn || ' FROM PUBLIC';
+            FOR v_grantee IN SELECT a.grantee FROM aclexplode(v_acl) a
+                             WHERE a.privilege_type = 'EXECUTE' LOOP
+                EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %s', v_fn,
+                               CASE WHEN v_grantee = 0 THEN 'PUBLIC'
+                                    ELSE quote_ident(pg_get_userbyid(v_grantee)) END);
+            END LOOP;
+        END IF;
+    END LOOP;
+    PERFORM job_partition_name_indexes('job_default');
+    PERFORM job_partition_ensure(p_interval, p_ahead);
+    RETURN true;
+END $fn$;
+
 -- Partition maintenance runs as the schema's owner: it makes, detaches and drops partitions,
 -- DDL a worker role may not run (pgq_supervisor/sql/roles.sql grants the worker these three,
 -- and neither the producer nor the dashboard).
@@ -536,10 +592,5 @@ ALTER FUNCTION job_partition_clean(interval, interval, uuid, boolean) SECURITY D
 ALTER FUNCTION job_partition_expire(interval, interval, integer, interval, uuid) SECURITY DEFINER;
 REVOKE EXECUTE ON FUNCTION job_partition_ensure(interval, integer),
     job_partition_clean(interval, interval, uuid, boolean),
-    job_partition_expire(interval, interval, integer, interval, uuid) FROM PUBLIC;
-
-SELECT job_partition_name_indexes('job_default');
-
--- The partitions of today and tomorrow (at the default partition_interval; the supervisors
--- make the later ones), so that the jobs enqueued before a supervisor runs have theirs.
-SELECT job_partition_ensure(interval '1 day', 1);
+    job_partition_expire(interval, interval, integer, interval, uuid),
+    job_partition_convert(interval, integer) FROM PUBLIC;

@@ -93,7 +93,8 @@ CREATE TABLE job (
     CONSTRAINT job_type_check CHECK (char_length(type) >= 1 AND char_length(type) <= 100),
     CONSTRAINT job_waiting_on_range CHECK (waiting_on >= 0),
     CONSTRAINT job_waiting_only_pending CHECK (waiting_on = 0 OR state = 'pending'::job_state)
-) PARTITION BY RANGE (id);
+)
+WITH (autovacuum_vacuum_scale_factor=0.01, autovacuum_vacuum_threshold=1000, autovacuum_analyze_scale_factor=0.02, autovacuum_vacuum_cost_limit=2000, fillfactor=90);
 
 CREATE TABLE job_bundle (
     id               uuid DEFAULT new_id() NOT NULL,
@@ -267,27 +268,29 @@ CREATE TABLE workflow_step (
 
 -- ==== Indexes ===================================================================================
 
-CREATE INDEX job_bundle_idx ON ONLY job USING btree (bundle_id) WHERE bundle_id IS NOT NULL;
+CREATE INDEX job_bundle_idx ON job USING btree (bundle_id) WHERE bundle_id IS NOT NULL;
 
-CREATE INDEX job_claim_idx ON ONLY job USING btree (priority DESC, created_at, id) WHERE state = 'pending'::job_state AND waiting_on = 0 AND start_at <= created_at AND tenant IS NULL;
+CREATE INDEX job_claim_idx ON job USING btree (priority DESC, created_at, id) WHERE state = 'pending'::job_state AND waiting_on = 0 AND start_at <= created_at AND tenant IS NULL;
 
-CREATE INDEX job_debounce_key_idx ON ONLY job USING btree (debounce_key) WHERE debounce_key IS NOT NULL AND (state = ANY (ARRAY['pending'::job_state, 'running'::job_state]));
+CREATE INDEX job_debounce_key_idx ON job USING btree (debounce_key) WHERE debounce_key IS NOT NULL AND (state = ANY (ARRAY['pending'::job_state, 'running'::job_state]));
 
-CREATE INDEX job_delayed_idx ON ONLY job USING btree (start_at, type) WHERE state = 'pending'::job_state AND waiting_on = 0 AND start_at > created_at;
+CREATE INDEX job_delayed_idx ON job USING btree (start_at, type) WHERE state = 'pending'::job_state AND waiting_on = 0 AND start_at > created_at;
 
-CREATE INDEX job_finished_idx ON ONLY job USING btree (state, stopped_at) WHERE stopped_at IS NOT NULL;
+CREATE INDEX job_finished_idx ON job USING btree (state, stopped_at) WHERE stopped_at IS NOT NULL;
 
-CREATE INDEX job_ordered_idx ON ONLY job USING btree (ordered_key, ordered_seq) WHERE ordered_key IS NOT NULL AND (state = ANY (ARRAY['pending'::job_state, 'running'::job_state, 'failed'::job_state]));
+CREATE INDEX job_ordered_idx ON job USING btree (ordered_key, ordered_seq) WHERE ordered_key IS NOT NULL AND (state = ANY (ARRAY['pending'::job_state, 'running'::job_state, 'failed'::job_state]));
 
-CREATE INDEX job_running_idx ON ONLY job USING btree (lease) WHERE state = 'running'::job_state;
+CREATE INDEX job_running_idx ON job USING btree (lease) WHERE state = 'running'::job_state;
 
-CREATE INDEX job_tenant_idx ON ONLY job USING btree (type, tenant, priority DESC, created_at, id) WHERE state = 'pending'::job_state AND waiting_on = 0 AND start_at <= created_at AND tenant IS NOT NULL;
+CREATE INDEX job_tenant_idx ON job USING btree (type, tenant, priority DESC, created_at, id) WHERE state = 'pending'::job_state AND waiting_on = 0 AND start_at <= created_at AND tenant IS NOT NULL;
 
-CREATE INDEX job_unique_finished_idx ON ONLY job USING btree (unique_key, created_at DESC) WHERE unique_key IS NOT NULL AND stopped_at IS NOT NULL;
+CREATE INDEX job_unique_finished_idx ON job USING btree (unique_key, created_at DESC) WHERE unique_key IS NOT NULL AND stopped_at IS NOT NULL;
 
-CREATE INDEX job_unique_key_any_idx ON ONLY job USING btree (unique_key) WHERE unique_key IS NOT NULL;
+CREATE INDEX job_unique_key_any_idx ON job USING btree (unique_key) WHERE unique_key IS NOT NULL;
 
-CREATE INDEX job_unusual_created_idx ON ONLY job USING btree (state, created_at, id) WHERE state = ANY (ARRAY['failed'::job_state, 'cancelled'::job_state]);
+CREATE UNIQUE INDEX job_unique_key_idx ON job USING btree (unique_key) WHERE unique_key IS NOT NULL AND (state = ANY (ARRAY['pending'::job_state, 'running'::job_state]));
+
+CREATE INDEX job_unusual_created_idx ON job USING btree (state, created_at, id) WHERE state = ANY (ARRAY['failed'::job_state, 'cancelled'::job_state]);
 
 CREATE INDEX job_dependency_depends_on_idx ON job_dependency USING btree (depends_on);
 
@@ -1823,6 +1826,227 @@ BEGIN
     RETURN NEXT;
 END $function$;
 
+CREATE OR REPLACE FUNCTION job_partition_convert(p_interval interval, p_ahead integer)
+ RETURNS boolean
+ LANGUAGE plpgsql
+ SET search_path FROM CURRENT
+AS $function$
+DECLARE
+    v_name    text;
+    v_def     text;
+    v_fn      text;
+    v_acl     aclitem[];
+    v_grantee oid;
+    v_priv    text;
+BEGIN
+    IF job_partitioned() THEN
+        RETURN false;
+    END IF;
+    LOCK TABLE job IN ACCESS EXCLUSIVE MODE;
+    -- What points at job: re-made against the partitioned table at the end.
+    ALTER TABLE job_dependency DROP CONSTRAINT job_dependency_depends_on_fkey;
+    ALTER TABLE job_dependency DROP CONSTRAINT job_dependency_job_id_fkey;
+    ALTER TABLE workflow_signal DROP CONSTRAINT workflow_signal_job_id_fkey;
+    ALTER TABLE workflow_step DROP CONSTRAINT workflow_step_job_id_fkey;
+
+    -- The triggers are made again on the partitioned table (row triggers reach every partition).
+    DROP TRIGGER job_bundle_count_delete ON job;
+    DROP TRIGGER job_bundle_count_update ON job;
+    DROP TRIGGER job_dependency_deleted ON job;
+    DROP TRIGGER job_floor_requeue ON job;
+    DROP TRIGGER job_notify_due ON job;
+    DROP TRIGGER job_notify_inserted ON job;
+    DROP TRIGGER job_ordered_release ON job;
+    DROP TRIGGER job_ordered_release_deleted ON job;
+    DROP TRIGGER job_ordered_state ON job;
+    DROP TRIGGER job_recount_waiting ON job;
+    DROP TRIGGER job_release_dependents ON job;
+    DROP TRIGGER job_tenant_type ON job;
+    DROP TRIGGER job_unique_deleted ON job;
+    DROP TRIGGER job_unique_rehold ON job;
+    DROP TRIGGER job_unique_release ON job;
+    DROP TRIGGER job_unique_take ON job;
+    DROP TRIGGER job_unique_truncated ON job;
+    DROP TRIGGER job_workflow_child_ended ON job;
+
+    DROP INDEX job_unique_key_idx;
+
+    ALTER TABLE job RENAME TO job_legacy;
+    ALTER TABLE job_legacy RENAME CONSTRAINT job_pkey TO job_legacy_pkey;
+    FOR v_name IN SELECT i.relname FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid
+                  WHERE x.indrelid = 'job_legacy'::regclass AND NOT x.indisprimary LOOP
+        EXECUTE format('ALTER INDEX %I RENAME TO %I', v_name, 'job_legacy_' || substr(v_name, 5));
+    END LOOP;
+
+    CREATE TABLE job (LIKE job_legacy INCLUDING DEFAULTS INCLUDING CONSTRAINTS)
+    PARTITION BY RANGE (id);
+    ALTER TABLE job ADD CONSTRAINT job_pkey PRIMARY KEY (id);
+    ALTER TABLE job ADD CONSTRAINT job_bundle_id_fkey FOREIGN KEY (bundle_id)
+        REFERENCES job_bundle (id) ON DELETE CASCADE;
+
+    -- Jobs the ranges do not cover: carried from a dropped partition, or an id out of every range.
+    CREATE TABLE job_default (LIKE job INCLUDING DEFAULTS INCLUDING CONSTRAINTS)
+    WITH (fillfactor = 90, autovacuum_vacuum_scale_factor = 0.01,
+          autovacuum_vacuum_threshold = 1000, autovacuum_analyze_scale_factor = 0.02,
+          autovacuum_vacuum_cost_limit = 2000);
+    ALTER TABLE job ATTACH PARTITION job_default DEFAULT;
+
+    -- Every id from now on moves to the partition its id names (the default one, or one
+    -- job_partition_ensure makes below); job_legacy keeps the rest, no row copied.
+    CREATE TEMP TABLE job_moved ON COMMIT DROP AS
+    SELECT * FROM job_legacy WHERE id >= id_floor(now());
+    DELETE FROM job_legacy WHERE id >= id_floor(now());
+    -- a validated bound: ATTACH then needs no scan of its own
+    EXECUTE format('ALTER TABLE job_legacy ADD CONSTRAINT job_legacy_bound CHECK (id < %L)',
+                   id_floor(now()));
+    EXECUTE format('ALTER TABLE job ATTACH PARTITION job_legacy FOR VALUES FROM (MINVALUE) TO (%L)',
+                   id_floor(now()));
+    ALTER TABLE job_legacy DROP CONSTRAINT job_legacy_bound;
+
+    -- The indexes: job_legacy's own are attached, not built again; job_default's are made.
+    CREATE INDEX job_bundle_idx ON job (bundle_id) WHERE bundle_id IS NOT NULL;
+    CREATE INDEX job_claim_idx ON job (priority DESC, created_at, id)
+        WHERE state = 'pending' AND waiting_on = 0 AND start_at <= created_at AND tenant IS NULL;
+    CREATE INDEX job_debounce_key_idx ON job (debounce_key)
+        WHERE debounce_key IS NOT NULL AND state IN ('pending', 'running');
+    CREATE INDEX job_delayed_idx ON job (start_at, type)
+        WHERE state = 'pending' AND waiting_on = 0 AND start_at > created_at;
+    CREATE INDEX job_finished_idx ON job (state, stopped_at) WHERE stopped_at IS NOT NULL;
+    CREATE INDEX job_ordered_idx ON job (ordered_key, ordered_seq)
+        WHERE ordered_key IS NOT NULL AND state IN ('pending', 'running', 'failed');
+    CREATE INDEX job_running_idx ON job (lease) WHERE state = 'running';
+    CREATE INDEX job_tenant_idx ON job (type, tenant, priority DESC, created_at, id)
+        WHERE state = 'pending' AND waiting_on = 0 AND start_at <= created_at AND tenant IS NOT NULL;
+    CREATE INDEX job_unique_finished_idx ON job (unique_key, created_at DESC)
+        WHERE unique_key IS NOT NULL AND stopped_at IS NOT NULL;
+    CREATE INDEX job_unique_key_any_idx ON job (unique_key) WHERE unique_key IS NOT NULL;
+    CREATE INDEX job_unusual_created_idx ON job (state, created_at, id)
+        WHERE state IN ('failed', 'cancelled');
+
+    INSERT INTO job SELECT * FROM job_moved;
+
+    -- The triggers, as 0024 to 0027 made them.
+    CREATE TRIGGER job_bundle_count_delete AFTER DELETE ON job
+        REFERENCING OLD TABLE AS bundle_old_rows
+        FOR EACH STATEMENT EXECUTE FUNCTION job_bundle_count_deleted();
+    CREATE TRIGGER job_bundle_count_update AFTER UPDATE ON job
+        REFERENCING OLD TABLE AS bundle_old_rows NEW TABLE AS bundle_new_rows
+        FOR EACH STATEMENT EXECUTE FUNCTION job_bundle_count_updated();
+    CREATE TRIGGER job_dependency_deleted BEFORE DELETE ON job
+        FOR EACH ROW WHEN (old.has_dependents) EXECUTE FUNCTION job_dependency_deleted();
+    CREATE TRIGGER job_floor_requeue BEFORE UPDATE OF waiting_on, priority, start_at ON job
+        FOR EACH ROW WHEN (new.state = 'pending' AND new.waiting_on = 0 AND new.tenant IS NULL
+                           AND new.start_at <= new.created_at
+                           AND (old.waiting_on > 0 OR old.priority <> new.priority
+                                OR old.start_at > old.created_at))
+        EXECUTE FUNCTION job_floor_requeue();
+    CREATE TRIGGER job_notify_due AFTER UPDATE ON job
+        REFERENCING NEW TABLE AS due_new_rows
+        FOR EACH STATEMENT EXECUTE FUNCTION job_notify_due();
+    CREATE TRIGGER job_notify_inserted AFTER INSERT ON job
+        REFERENCING NEW TABLE AS new_jobs
+        FOR EACH STATEMENT EXECUTE FUNCTION job_notify_inserted();
+    CREATE TRIGGER job_ordered_release AFTER UPDATE OF state ON job
+        FOR EACH ROW WHEN (old.ordered_key IS NOT NULL AND old.waiting_on = 0
+                           AND old.state IN ('pending', 'running')
+                           AND new.state IN ('succeeded', 'cancelled'))
+        EXECUTE FUNCTION job_ordered_release();
+    CREATE TRIGGER job_ordered_release_deleted AFTER DELETE ON job
+        FOR EACH ROW WHEN (old.ordered_key IS NOT NULL AND old.waiting_on = 0
+                           AND old.state IN ('pending', 'running', 'failed'))
+        EXECUTE FUNCTION job_ordered_release();
+    CREATE TRIGGER job_ordered_state BEFORE UPDATE OF state ON job
+        FOR EACH ROW WHEN (new.ordered_key IS NOT NULL AND old.state IS DISTINCT FROM new.state)
+        EXECUTE FUNCTION job_ordered_state();
+    CREATE TRIGGER job_recount_waiting BEFORE UPDATE OF state ON job
+        FOR EACH ROW WHEN (new.depends_on IS NOT NULL AND old.state IS DISTINCT FROM new.state)
+        EXECUTE FUNCTION job_recount_waiting();
+    CREATE TRIGGER job_release_dependents AFTER UPDATE OF state ON job
+        FOR EACH ROW WHEN (new.has_dependents
+                           AND (old.state IN ('succeeded', 'failed', 'cancelled'))
+                               IS DISTINCT FROM (new.state IN ('succeeded', 'failed', 'cancelled')))
+        EXECUTE FUNCTION job_release_dependents();
+    CREATE TRIGGER job_tenant_type AFTER INSERT ON job
+        FOR EACH ROW WHEN (new.tenant IS NOT NULL) EXECUTE FUNCTION job_tenant_type();
+    CREATE TRIGGER job_unique_deleted AFTER DELETE ON job
+        FOR EACH ROW WHEN (old.unique_key IS NOT NULL AND old.state IN ('pending', 'running'))
+        EXECUTE FUNCTION job_unique_release();
+    CREATE TRIGGER job_unique_rehold AFTER UPDATE OF state, unique_key ON job
+        FOR EACH ROW WHEN (new.unique_key IS NOT NULL AND new.state IN ('pending', 'running')
+                           AND (old.state NOT IN ('pending', 'running')
+                                OR old.unique_key IS DISTINCT FROM new.unique_key))
+        EXECUTE FUNCTION job_unique_hold();
+    CREATE TRIGGER job_unique_release AFTER UPDATE OF state, unique_key ON job
+        FOR EACH ROW WHEN (old.unique_key IS NOT NULL AND old.state IN ('pending', 'running')
+                           AND (new.state NOT IN ('pending', 'running')
+                                OR new.unique_key IS DISTINCT FROM old.unique_key))
+        EXECUTE FUNCTION job_unique_release();
+    CREATE TRIGGER job_unique_take BEFORE INSERT ON job
+        FOR EACH ROW WHEN (new.unique_key IS NOT NULL AND new.state IN ('pending', 'running'))
+        EXECUTE FUNCTION job_unique_take();
+    CREATE TRIGGER job_unique_truncated AFTER TRUNCATE ON job
+        FOR EACH STATEMENT EXECUTE FUNCTION job_unique_truncated();
+    CREATE TRIGGER job_workflow_child_ended AFTER UPDATE OF state ON job
+        FOR EACH ROW WHEN (new.workflow_parent IS NOT NULL AND new.state <> old.state
+                           AND new.state IN ('succeeded', 'failed', 'cancelled'))
+        EXECUTE FUNCTION workflow_child_ended();
+
+    ALTER TABLE job_dependency ADD CONSTRAINT job_dependency_depends_on_fkey
+        FOREIGN KEY (depends_on) REFERENCES job (id) ON DELETE CASCADE;
+    ALTER TABLE job_dependency ADD CONSTRAINT job_dependency_job_id_fkey
+        FOREIGN KEY (job_id) REFERENCES job (id) ON DELETE CASCADE;
+    ALTER TABLE workflow_signal ADD CONSTRAINT workflow_signal_job_id_fkey
+        FOREIGN KEY (job_id) REFERENCES job (id) ON DELETE CASCADE;
+    ALTER TABLE workflow_step ADD CONSTRAINT workflow_step_job_id_fkey
+        FOREIGN KEY (job_id) REFERENCES job (id) ON DELETE CASCADE;
+
+    -- The privileges the table had (roles.sql's, users' own), on the table and its columns.
+    FOR v_grantee, v_priv IN
+        SELECT a.grantee, a.privilege_type
+        FROM pg_class c CROSS JOIN LATERAL aclexplode(c.relacl) a
+        WHERE c.oid = 'job_legacy'::regclass AND a.grantee <> c.relowner
+    LOOP
+        EXECUTE format('GRANT %s ON job TO %s', v_priv,
+                       CASE WHEN v_grantee = 0 THEN 'PUBLIC'
+                            ELSE quote_ident(pg_get_userbyid(v_grantee)) END);
+    END LOOP;
+    FOR v_name, v_grantee, v_priv IN
+        SELECT t.attname::text, a.grantee, a.privilege_type
+        FROM pg_attribute t CROSS JOIN LATERAL aclexplode(t.attacl) a
+        WHERE t.attrelid = 'job_legacy'::regclass AND t.attacl IS NOT NULL
+    LOOP
+        EXECUTE format('GRANT %s (%I) ON job TO %s', v_priv, v_name,
+                       CASE WHEN v_grantee = 0 THEN 'PUBLIC'
+                            ELSE quote_ident(pg_get_userbyid(v_grantee)) END);
+    END LOOP;
+
+    -- A function that takes or returns the table's row type (enqueue_checked, job_fresh) has
+    -- job_legacy's now (a function's types are types, not names): each made again with the
+    -- partitioned table's, with the privileges it had.
+    FOR v_fn, v_def, v_acl IN
+        SELECT p.oid::regprocedure::text, pg_get_functiondef(p.oid), p.proacl
+        FROM pg_proc p
+        JOIN pg_depend d ON d.classid = 'pg_proc'::regclass AND d.objid = p.oid
+        WHERE d.refclassid = 'pg_type'::regclass AND d.refobjid = 'job_legacy'::regtype
+    LOOP
+        EXECUTE 'DROP FUNCTION ' || v_fn;
+        EXECUTE regexp_replace(v_def, '\mjob_legacy\M', 'job', 'g');
+        v_fn := regexp_replace(v_fn, '\mjob_legacy\M', 'job', 'g');
+        IF v_acl IS NOT NULL THEN
+            EXECUTE 'REVOKE ALL ON FUNCTION ' || v_fn || ' FROM PUBLIC';
+            FOR v_grantee IN SELECT a.grantee FROM aclexplode(v_acl) a
+                             WHERE a.privilege_type = 'EXECUTE' LOOP
+                EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %s', v_fn,
+                               CASE WHEN v_grantee = 0 THEN 'PUBLIC'
+                                    ELSE quote_ident(pg_get_userbyid(v_grantee)) END);
+            END LOOP;
+        END IF;
+    END LOOP;
+    PERFORM job_partition_name_indexes('job_default');
+    PERFORM job_partition_ensure(p_interval, p_ahead);
+    RETURN true;
+END $function$;
+
 CREATE OR REPLACE FUNCTION job_partition_ensure(p_interval interval, p_ahead integer)
  RETURNS text[]
  LANGUAGE plpgsql
@@ -1836,7 +2060,7 @@ DECLARE
     v_made  text[] := '{}';
     v_saved text;
 BEGIN
-    IF NOT job_partition_lock() THEN
+    IF NOT job_partitioned() OR NOT job_partition_lock() THEN
         RETURN NULL;
     END IF;
     SELECT greatest(max(id_time(p.hi)), date_bin(p_interval, now(), timestamptz 'epoch'))
@@ -2038,6 +2262,15 @@ AS $function$
                    AND j.ordered_key IS NOT NULL AND j.state = 'pending')
         OR EXISTS (SELECT 1 FROM job_dependency d JOIN job j ON j.id = d.job_id
                    WHERE d.job_id >= p_lo AND d.job_id < p_hi AND j.state = 'pending')
+$function$;
+
+CREATE OR REPLACE FUNCTION job_partitioned()
+ RETURNS boolean
+ LANGUAGE sql
+ STABLE
+ SET search_path FROM CURRENT
+AS $function$
+    SELECT relkind = 'p' FROM pg_class WHERE oid = 'job'::regclass
 $function$;
 
 CREATE OR REPLACE FUNCTION job_partitions(OUT name text, OUT lo uuid, OUT hi uuid, OUT is_default boolean)

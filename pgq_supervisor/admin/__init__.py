@@ -18,6 +18,7 @@ from typing import TypeVar
 
 from pgq_supervisor import db, ids
 from pgq_supervisor.admin import doctor as admin_doctor
+from pgq_supervisor.admin import partition as admin_partition
 from pgq_supervisor.admin import schedules as admin_schedules
 from pgq_supervisor.admin import schema as admin_schema
 from pgq_supervisor.admin import workers as admin_workers
@@ -48,7 +49,7 @@ from pgq_supervisor.settings import Settings, parse_duration
 
 COMMANDS: tuple[str, ...] = (
     "status", "depth", "jobs", "show", "retry", "cancel", "purge", "schedules", "pause",
-    "resume", "workers", "dashboard-indexes", "schema-dump", "doctor",
+    "resume", "workers", "dashboard-indexes", "schema-dump", "partition", "doctor",
 )  # fmt: skip
 
 Parser = TypeVar("Parser", bound=argparse.ArgumentParser)
@@ -125,6 +126,7 @@ def add_commands(sub: argparse._SubParsersAction[Parser], common: Parser) -> Non
 
     admin_workers.add_command(sub, parents)
     admin_schema.add_command(sub, [common])  # text only: no --json
+    admin_partition.add_command(sub, [common])
     admin_doctor.add_command(sub, parents)
 
 

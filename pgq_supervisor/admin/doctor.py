@@ -88,8 +88,8 @@ def _lines(health: Health, findings: list[Finding], schema: str, cover: Coverage
         manual = t.last_vacuum.isoformat(timespec="seconds") if t.last_vacuum else "never"
         out += [
             f"job table {schema}.job: {t.live_tuples:,} live, {t.dead_tuples:,} dead row"
-            f" versions; {mib(t.total_bytes)} with indexes ({mib(t.table_bytes)} heap), in"
-            f" {plural(t.partitions, 'partition')}",
+            f" versions; {mib(t.total_bytes)} with indexes ({mib(t.table_bytes)} heap)"
+            + (f", in {plural(t.partitions, 'partition')}" if t.partitions > 1 else ""),
             f"  last autovacuum {last} ({t.autovacuum_count} in all), last VACUUM {manual}",
             f"  table options: {', '.join(t.options) or 'none (the server defaults)'}",
         ]

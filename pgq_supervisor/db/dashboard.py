@@ -258,16 +258,23 @@ _INDEXED: dict[str, LiteralString] = {
 
 def create_dashboard_indexes(conn: Conn, schema: str, *, payload: bool = False) -> None:
     """The Jobs page's opt-in indexes (schema/0010); kept if they exist; with `payload`, the
-    payload search's GIN index too. The job table is partitioned (schema/0029), and a
-    partitioned index cannot be built CONCURRENTLY: each is made on the table alone (no build,
-    the partitions' writes never wait), then built CONCURRENTLY on each partition (no lock on
-    the queue's writes while it builds) and attached; a partition made later gets its own part
-    when it is made. `conn` must be in autocommit mode (CONCURRENTLY cannot run in a
-    transaction)."""
+    payload search's GIN index too, each built CONCURRENTLY (no lock on the queue's writes while
+    it builds). Where the job table is partitioned (schema/0029, `partition`), a partitioned
+    index cannot be: each is made on the table alone (no build), then built CONCURRENTLY on each
+    partition and attached; a partition made later gets its own part when it is made. `conn`
+    must be in autocommit mode (CONCURRENTLY cannot run in a transaction)."""
     names = [*DASHBOARD_INDEXES, *([PAYLOAD_INDEX] if payload else [])]
     with wrapped():
+        parted = conn.execute(statement("job_partitioned", schema)).fetchone() == (True,)
         for name in names:
             what = sql.SQL(_INDEXED[name])
+            if not parted:  # the one table: built CONCURRENTLY on it
+                conn.execute(
+                    sql.SQL("CREATE INDEX CONCURRENTLY IF NOT EXISTS {} ON {}.job {}").format(
+                        sql.Identifier(name), sql.Identifier(schema), what
+                    )
+                )
+                continue
             conn.execute(
                 sql.SQL("CREATE INDEX IF NOT EXISTS {} ON ONLY {}.job {}").format(
                     sql.Identifier(name), sql.Identifier(schema), what

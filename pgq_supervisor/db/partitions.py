@@ -4,14 +4,16 @@ dropped whole once every job in them is finished and past its window (docs/stora
 from __future__ import annotations
 
 import dataclasses
+import math
 import uuid
 from typing import TypedDict
 
 from psycopg.rows import scalar_row
 
-from pgq_supervisor.db.connection import Conn, cursor, statement, wrapped
+from pgq_supervisor.db.connection import Conn, atomic, cursor, statement, wrapped
 from pgq_supervisor.db.rows import NamedRow
 
+AHEAD = 3 * 3600.0  # partitions exist this far ahead of now
 MAX_CARRY = 10_000  # a partition with more jobs still within their window waits for them
 LOCK_TIMEOUT = 0.5  # seconds a drop may wait for the table lock (claims queue behind it)
 
@@ -19,6 +21,10 @@ LOCK_TIMEOUT = 0.5  # seconds a drop may wait for the table lock (claims queue b
 class PartitionEnsureParams(TypedDict):
     interval: float
     ahead: int
+
+
+class PartitionConvertParams(PartitionEnsureParams):
+    lock_timeout: int  # milliseconds
 
 
 class PartitionParams(TypedDict):
@@ -37,6 +43,8 @@ class PartitionExpireParams(PartitionParams):
 
 
 PARTITION_PARAMS: dict[str, type] = {
+    "partition_convert": PartitionConvertParams,
+    "partition_lock_timeout": PartitionConvertParams,
     "partition_ensure": PartitionEnsureParams,
     "partition_clean": PartitionCleanParams,
     "partition_expire": PartitionExpireParams,
@@ -58,6 +66,29 @@ class PartitionStep:
 
 
 STEP = NamedRow(PartitionStep)
+
+
+def convert(conn: Conn, schema: str, *, interval: float, lock_timeout: float) -> bool:
+    """Partition the job table (schema/0029's job_partition_convert) in one transaction,
+    waiting at most `lock_timeout` seconds for its lock; False when it is partitioned already.
+    Raises DatabaseError ("lock timeout" when the lock was not had)."""
+    params: PartitionConvertParams = {
+        "interval": interval,
+        "ahead": ahead_of(interval),
+        "lock_timeout": int(lock_timeout * 1000),
+    }
+    with wrapped(), atomic(conn):
+        conn.execute(statement("partition_lock_timeout", schema), params)
+        with cursor(conn, scalar_row) as cur:
+            done: bool | None = cur.execute(
+                statement("partition_convert", schema), params
+            ).fetchone()
+    return bool(done)
+
+
+def ahead_of(interval: float) -> int:
+    """How many intervals ahead the partitions are made: at least AHEAD seconds, and one."""
+    return max(1, math.ceil(AHEAD / interval))
 
 
 def ensure(conn: Conn, schema: str, *, interval: float, ahead: int) -> list[str] | None:

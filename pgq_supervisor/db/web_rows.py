@@ -257,5 +257,6 @@ PARAMS: dict[str, type] = {
     "schedule_run_now": ScheduleRunParams,
     "delete_job": IdParams,
     "dashboard_index_missing": DashboardIndexParams,
+    "job_partitioned": NoParams,
     "statement_time_limit": TimeLimitParams,
 }

@@ -556,8 +556,9 @@ WHERE id = ANY(ARRAY(
     FOR UPDATE SKIP LOCKED))
 
 -- name: prune_finished
--- The supervisor's retention: delete_finished, but for the jobs of the partitions that leave
--- whole (schema/0029), which job_partition_expire drops instead: those of the drop zone, ids
+-- The supervisor's retention: delete_finished, but, where the job table is partitioned
+-- (schema/0029, `partition`), for the jobs of the partitions that leave whole, which
+-- job_partition_expire drops instead: those of the drop zone, ids
 -- made in the last `zone` seconds (partitions.drop_zone). What is left to rows: the default
 -- partition's jobs (carried from a dropped partition, or with an id out of every range), the
 -- jobs of job_legacy (the table before 0029: its jobs of every age until it can leave), and
@@ -567,11 +568,20 @@ WHERE id = ANY(ARRAY(
     SELECT id FROM {schema}.job
     WHERE state = ANY(%(states)s::{schema}.job_state[])
       AND stopped_at < now() - make_interval(secs => %(older_than)s)
-      AND (id < {schema}.id_floor(now() - make_interval(secs => %(zone)s))
+      AND (NOT {schema}.job_partitioned()
+           OR id < {schema}.id_floor(now() - make_interval(secs => %(zone)s))
            OR tableoid = to_regclass(quote_ident(%(schema)s::text) || '.job_default')
            OR tableoid = to_regclass(quote_ident(%(schema)s::text) || '.job_legacy'))
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED))
+
+-- name: partition_lock_timeout
+-- For the conversion's transaction: how long it waits for the job table's lock.
+SELECT set_config('lock_timeout', %(lock_timeout)s::text || 'ms', true)
+
+-- name: partition_convert
+-- Partition the job table (schema/0029: opt-in, `partition`); false when it is already.
+SELECT {schema}.job_partition_convert(make_interval(secs => %(interval)s), %(ahead)s)
 
 -- name: partition_ensure
 -- The partitions of the next `ahead` intervals (schema/0029); NULL: another supervisor has it.
@@ -1205,6 +1215,10 @@ ORDER BY started_at, id
 -- name: statement_time_limit
 -- For the rest of the transaction: the Jobs page bounds a search no index serves with it.
 SELECT set_config('statement_timeout', %(ms)s, true)
+
+-- name: job_partitioned
+-- Whether the job table is the partitioned one (schema/0029, opt-in: `partition`).
+SELECT {schema}.job_partitioned()
 
 -- name: dashboard_index_missing
 -- The partitions of the job table (schema/0029) that have no part of the opt-in index

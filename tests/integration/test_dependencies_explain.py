@@ -11,7 +11,6 @@ from psycopg import sql
 import pgq_supervisor as pgq
 from pgq_supervisor import sql as queries
 from pgq_supervisor.db import Conn
-from pgq_supervisor.db.params import new_id
 
 from .test_explain import Plan, _job_scans, _nodes, _pick_plan
 
@@ -80,7 +79,7 @@ def test_completions_find_the_waiting_dependents_by_index(conn: Conn) -> None:
     )
     conn.execute("ANALYZE pgq.job")
     conn.execute("ANALYZE pgq.job_dependency")
-    ids = sorted(new_id() for _ in range(100))  # a batch of jobs nothing waits on (as made)
+    ids = [uuid.uuid4() for _ in range(100)]  # a batch of jobs nothing waits on
     claim = {"worker_id": "w", "types": ["a"], "max_retry_counts": [3], "limit": 10}
     statements: list[tuple[LiteralString, dict[str, object]]] = [
         (

@@ -12,8 +12,6 @@ from psycopg import sql
 
 from pgq_supervisor import sql as queries
 from pgq_supervisor.db import Conn
-from pgq_supervisor.db.params import new_id
-from tests.support import plans
 
 FILL = """
 INSERT INTO pgq.job (type, payload, state, max_retry_count, started_at, stopped_at, worker_id,
@@ -31,8 +29,12 @@ Plan = dict[str, object]
 
 
 def _nodes(plan: Plan) -> Iterator[Plan]:
-    """Every node, the job table's partitions folded into one (tests/support/plans.py)."""
-    yield from plans.nodes(plan)
+    yield plan
+    children = plan.get("Plans", [])
+    assert isinstance(children, list)
+    for child in children:
+        assert isinstance(child, dict)
+        yield from _nodes(child)
 
 
 def _plan(conn: Conn, name: LiteralString, params: dict[str, object]) -> list[Plan]:
@@ -155,8 +157,8 @@ def test_succeed_and_claim_reads_jobs_by_index_only(conn: Conn) -> None:
         conn,
         "succeed_and_claim",
         {"types": ["a"], "max_retry_counts": [3], "limit": 10, "worker_id": "w",
-         "lease": uuid.uuid4(), "ids": [new_id()], "results": [None],
-         "done_lease": uuid.uuid4(), "ephemeral": [new_id()]},
+         "lease": uuid.uuid4(), "ids": [uuid.uuid4()], "results": [None],
+         "done_lease": uuid.uuid4(), "ephemeral": [uuid.uuid4()]},
     )  # fmt: skip
     assert [n.get("Subplan Name") for n in nodes if n.get("Parent Relationship") == "InitPlan"]
     assert "job_pkey" in {n.get("Index Name") for n in nodes}, nodes
@@ -165,7 +167,7 @@ def test_succeed_and_claim_reads_jobs_by_index_only(conn: Conn) -> None:
 
 def test_waiters_and_progress_writes_find_jobs_by_index(conn: Conn) -> None:
     _fill(conn)
-    ids = [new_id() for _ in range(3)]  # time-ordered, as job ids are: in this hour's partition
+    ids = [uuid.uuid4() for _ in range(3)]
     cases: list[tuple[LiteralString, dict[str, object]]] = [
         ("job_states", {"ids": ids}),
         ("get_jobs", {"ids": ids}),
@@ -183,7 +185,7 @@ def test_waiters_and_progress_writes_find_jobs_by_index(conn: Conn) -> None:
 def test_cancel_and_the_supervisors_cancel_check_find_jobs_by_primary_key(conn: Conn) -> None:
     """The check runs every poll_interval in every supervisor: a handful of ids, never a scan."""
     _fill(conn)
-    ids = [new_id() for _ in range(8)]
+    ids = [uuid.uuid4() for _ in range(8)]
     samples: list[tuple[LiteralString, dict[str, object]]] = [
         ("cancelled_among", {"ids": ids}),
         ("cancel", {"id": ids[0]}),

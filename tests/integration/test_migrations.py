@@ -158,19 +158,19 @@ WORKER_COLUMNS = {
     "alive_at": ("timestamp with time zone", False),
 }
 INDEXES = {
-    "job_pkey": "CREATE UNIQUE INDEX job_pkey ON ONLY {s}.job USING btree (id)",
+    "job_pkey": "CREATE UNIQUE INDEX job_pkey ON {s}.job USING btree (id)",
     "job_bundle_pkey": "CREATE UNIQUE INDEX job_bundle_pkey ON {s}.job_bundle USING btree (id)",
     "schedule_pkey": "CREATE UNIQUE INDEX schedule_pkey ON {s}.schedule USING btree (name)",
     "schema_version_pkey": (
         "CREATE UNIQUE INDEX schema_version_pkey ON {s}.schema_version USING btree (version)"
     ),
     "job_claim_idx": (
-        "CREATE INDEX job_claim_idx ON ONLY {s}.job USING btree (priority DESC, created_at, id)"
+        "CREATE INDEX job_claim_idx ON {s}.job USING btree (priority DESC, created_at, id)"
         " WHERE ((state = 'pending'::{s}.job_state) AND (waiting_on = 0)"
         " AND (start_at <= created_at) AND (tenant IS NULL))"
     ),
     "job_tenant_idx": (
-        "CREATE INDEX job_tenant_idx ON ONLY {s}.job USING btree"
+        "CREATE INDEX job_tenant_idx ON {s}.job USING btree"
         " (type, tenant, priority DESC, created_at, id)"
         " WHERE ((state = 'pending'::{s}.job_state) AND (waiting_on = 0)"
         " AND (start_at <= created_at) AND (tenant IS NOT NULL))"
@@ -184,12 +184,17 @@ INDEXES = {
     "tenant_weight_pkey": (
         "CREATE UNIQUE INDEX tenant_weight_pkey ON {s}.tenant_weight USING btree (type, tenant)"
     ),
+    "job_unique_key_idx": (
+        "CREATE UNIQUE INDEX job_unique_key_idx ON {s}.job USING btree (unique_key)"
+        " WHERE ((unique_key IS NOT NULL) AND (state = ANY"
+        " (ARRAY['pending'::{s}.job_state, 'running'::{s}.job_state])))"
+    ),
     "job_bundle_idx": (
-        "CREATE INDEX job_bundle_idx ON ONLY {s}.job USING btree (bundle_id)"
+        "CREATE INDEX job_bundle_idx ON {s}.job USING btree (bundle_id)"
         " WHERE (bundle_id IS NOT NULL)"
     ),
     "job_running_idx": (
-        "CREATE INDEX job_running_idx ON ONLY {s}.job USING btree (lease)"
+        "CREATE INDEX job_running_idx ON {s}.job USING btree (lease)"
         " WHERE (state = 'running'::{s}.job_state)"
     ),
     "job_dependency_pkey": (
@@ -207,35 +212,34 @@ INDEXES = {
         " (type, stripe)"
     ),
     "job_finished_idx": (
-        "CREATE INDEX job_finished_idx ON ONLY {s}.job USING btree (state, stopped_at)"
+        "CREATE INDEX job_finished_idx ON {s}.job USING btree (state, stopped_at)"
         " WHERE (stopped_at IS NOT NULL)"
     ),
     "job_delayed_idx": (
-        "CREATE INDEX job_delayed_idx ON ONLY {s}.job USING btree (start_at, type)"
+        "CREATE INDEX job_delayed_idx ON {s}.job USING btree (start_at, type)"
         " WHERE ((state = 'pending'::{s}.job_state) AND (waiting_on = 0)"
         " AND (start_at > created_at))"
     ),
     "supervisor_pkey": "CREATE UNIQUE INDEX supervisor_pkey ON {s}.supervisor USING btree (id)",
     "job_unusual_created_idx": (
-        "CREATE INDEX job_unusual_created_idx ON ONLY {s}.job USING btree (state, created_at, id)"
+        "CREATE INDEX job_unusual_created_idx ON {s}.job USING btree (state, created_at, id)"
         " WHERE (state = ANY (ARRAY['failed'::{s}.job_state, 'cancelled'::{s}.job_state]))"
     ),
     "job_unique_key_any_idx": (
-        "CREATE INDEX job_unique_key_any_idx ON ONLY {s}.job USING btree (unique_key)"
+        "CREATE INDEX job_unique_key_any_idx ON {s}.job USING btree (unique_key)"
         " WHERE (unique_key IS NOT NULL)"
     ),
     "job_unique_finished_idx": (
-        "CREATE INDEX job_unique_finished_idx ON ONLY {s}.job USING btree"
-        " (unique_key, created_at DESC)"
+        "CREATE INDEX job_unique_finished_idx ON {s}.job USING btree (unique_key, created_at DESC)"
         " WHERE ((unique_key IS NOT NULL) AND (stopped_at IS NOT NULL))"
     ),
     "job_ordered_idx": (
-        "CREATE INDEX job_ordered_idx ON ONLY {s}.job USING btree (ordered_key, ordered_seq)"
+        "CREATE INDEX job_ordered_idx ON {s}.job USING btree (ordered_key, ordered_seq)"
         " WHERE ((ordered_key IS NOT NULL) AND (state = ANY (ARRAY['pending'::{s}.job_state,"
         " 'running'::{s}.job_state, 'failed'::{s}.job_state])))"
     ),
     "job_debounce_key_idx": (
-        "CREATE INDEX job_debounce_key_idx ON ONLY {s}.job USING btree (debounce_key)"
+        "CREATE INDEX job_debounce_key_idx ON {s}.job USING btree (debounce_key)"
         " WHERE ((debounce_key IS NOT NULL) AND (state = ANY (ARRAY['pending'::{s}.job_state,"
         " 'running'::{s}.job_state])))"
     ),
@@ -539,17 +543,19 @@ FUNCTIONS |= {
     "enqueue_checked",
     "enqueue_many",
     "enqueue",
-    "id_floor",  # schema/0029: job is partitioned by id range, retention drops partitions
+    "id_floor",  # schema/0029: job partitioned by id range (opt-in), retention drops partitions
     "id_time",
+    "job_partitioned",
     "job_partitions",
     "job_partition_lock",
-    "job_partition_ensure",
     "job_partition_name_indexes",
+    "job_partition_ensure",
     "job_partition_unfinished",
     "job_partition_next",
     "job_past",
     "job_partition_clean",
     "job_partition_expire",
+    "job_partition_convert",
     "written_here",  # schema/0030: the producer's writes to job rows go through definers
     "refuse_foreign_job",
     "job_fresh",
@@ -610,9 +616,7 @@ def _columns(conn: Conn, s: str, table: str) -> dict[str, tuple[str, bool]]:
 
 def assert_declared_schema(conn: Conn, s: str) -> None:
     tables = conn.execute(
-        "SELECT c.relname FROM pg_class c WHERE c.relnamespace = %s::regnamespace"
-        " AND c.relkind IN ('r', 'p') AND NOT c.relispartition ORDER BY 1",  # job's: by date
-        (s,),
+        "SELECT tablename FROM pg_tables WHERE schemaname = %s ORDER BY 1", (s,)
     ).fetchall()
     assert [r[0] for r in tables] == [
         "claim_floor",
@@ -660,10 +664,7 @@ def assert_declared_schema(conn: Conn, s: str) -> None:
     assert [r[0] for r in labels] == ["pending", "running", "succeeded", "failed", "cancelled"]
 
     rows = conn.execute(
-        "SELECT i.indexname, i.indexdef FROM pg_indexes i"
-        " JOIN pg_class t ON t.oid = (quote_ident(i.schemaname) || '.' || i.tablename)::regclass"
-        " WHERE i.schemaname = %s AND NOT t.relispartition",  # job's partitions: by date
-        (s,),
+        "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = %s", (s,)
     ).fetchall()
     indexes: dict[str, str] = {r[0]: r[1] for r in rows}
     assert indexes == {name: d.format(s=s) for name, d in INDEXES.items()}
@@ -672,8 +673,7 @@ def assert_declared_schema(conn: Conn, s: str) -> None:
 
     checks = conn.execute(
         "SELECT c.conrelid::regclass::text, c.conname, pg_get_constraintdef(c.oid)"
-        " FROM pg_constraint c JOIN pg_class r ON r.oid = c.conrelid AND NOT r.relispartition"
-        " WHERE c.connamespace = %s::regnamespace AND c.contype = 'c'",
+        " FROM pg_constraint c WHERE c.connamespace = %s::regnamespace AND c.contype = 'c'",
         (s,),
     ).fetchall()
     # conrelid::regclass prints unqualified when the schema is on the search_path
@@ -682,7 +682,7 @@ def assert_declared_schema(conn: Conn, s: str) -> None:
     }
     fk = conn.execute(
         "SELECT pg_get_constraintdef(oid) FROM pg_constraint"
-        " WHERE connamespace = %s::regnamespace AND contype = 'f' AND conparentid = 0",
+        " WHERE connamespace = %s::regnamespace AND contype = 'f'",
         (s,),
     ).fetchall()
     assert sorted(r[0] for r in fk) == [
@@ -697,8 +697,7 @@ def assert_declared_schema(conn: Conn, s: str) -> None:
     triggers = conn.execute(
         "SELECT t.tgname, pg_get_triggerdef(t.oid) FROM pg_trigger t"
         " JOIN pg_class c ON c.oid = t.tgrelid"
-        " WHERE NOT t.tgisinternal AND c.relnamespace = %s::regnamespace"
-        " AND NOT c.relispartition",  # a partition's are its parent's, cloned
+        " WHERE NOT t.tgisinternal AND c.relnamespace = %s::regnamespace",
         (s,),
     ).fetchall()
     assert dict(triggers) == {name: d.format(s=s) for name, d in TRIGGERS.items()}

@@ -1,6 +1,7 @@
-"""The job table's partitions (schema/0029): finished jobs leave with their partition, and no
-partition is ever dropped with a job in it that is still to run. The jobs here are made with
-ids of three days ago: in the test database's oldest partition (tests/support/partitions.py).
+"""The job table in partitions (schema/0029, opt-in: `partition`): finished jobs leave with their
+partition, and no partition is ever dropped with a job in it that is still to run. Each test's
+database is partitioned first; the jobs here are made with ids of three days ago: in its oldest
+partition (tests/support/partitions.py).
 """
 
 from __future__ import annotations
@@ -29,10 +30,16 @@ from tests.support.partitions import (
     STILL_TO_RUN,
     made_days_ago,
     old_bundle,
+    partition,
     partition_of,
     partitions,
     still_to_run,
 )
+
+
+@pytest.fixture(autouse=True)
+def parted(conn: Conn) -> None:
+    assert partition(conn)
 
 
 @pytest.fixture
@@ -247,13 +254,14 @@ def test_concurrent_rounds_drop_once(dsn: str, conn: Conn, old_ids: None) -> Non
     assert "job_legacy" not in partitions(conn)
 
 
-def test_the_upgrade_keeps_every_job_where_it_is_and_runs_none_twice(
+def test_partitioning_keeps_every_job_where_it_is_and_runs_none_twice(
     empty_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """From schema 28 (one wide table) with finished, pending, running, delayed, bundled,
-    dependent, keyed and workflow jobs: stop, migrate, start (docs/operations.md). Every row
-    is there afterwards, as it was, with its edges; each pending job runs once; the running
-    one finishes under its lease; ids from a client whose clock ran ahead land in a range."""
+    dependent, keyed and workflow jobs: migrate, then `partition` with the supervisors stopped
+    (docs/operations.md). Every row is there afterwards, as it was, with its edges; each
+    pending job runs once; the running one finishes under its lease; ids from a client whose
+    clock ran ahead land in a range."""
     for mig in schema.available():
         if mig.version < 29:
             shutil.copy(mig.path, tmp_path / mig.path.name)
@@ -281,6 +289,8 @@ def test_the_upgrade_keeps_every_job_where_it_is_and_runs_none_twice(
         edges = c.execute("SELECT * FROM pgq.job_dependency").fetchall()
 
         assert pgq.migrate(c, schema="pgq") == [m.version for m in schema.available()][28:]
+        assert {r[0]: r for r in c.execute("SELECT * FROM pgq.job").fetchall()} == rows
+        assert partition(c)  # `partition`, with the supervisors stopped
 
         assert {r[0]: r for r in c.execute("SELECT * FROM pgq.job").fetchall()} == rows
         assert c.execute("SELECT * FROM pgq.job_dependency").fetchall() == edges

@@ -14,7 +14,6 @@ from pgq_supervisor.db import Conn
 from pgq_supervisor.jobs import AttemptKind, JobId, JobState
 from pgq_supervisor.settings import load_settings
 from pgq_supervisor.supervisor.maintenance.retention import Pruner, PruneResult
-from tests.support import plans
 from tests.support.db import claim, count_rows
 
 DAY = 86400.0
@@ -134,8 +133,11 @@ def test_constructor_rejects_bad_values(kwargs: dict[str, float | None]) -> None
 
 
 def _plan_nodes(plan: dict[str, object]) -> Iterator[dict[str, object]]:
-    """Every node, the job table's partitions folded into one (tests/support/plans.py)."""
-    yield from plans.nodes(plan)
+    yield plan
+    children = plan.get("Plans", [])
+    assert isinstance(children, list)
+    for child in children:
+        yield from _plan_nodes(child)
 
 
 def test_delete_finished_finds_its_batch_on_the_index_and_deletes_by_primary_key(

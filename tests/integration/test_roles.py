@@ -20,6 +20,7 @@ from psycopg_pool import ConnectionPool
 from starlette.testclient import TestClient
 
 import pgq_supervisor as pgq
+from pgq_supervisor.db import partitions as db_partitions
 from pgq_supervisor.web import create_app
 from tests.support.processes import APP, FAST, ROOT, Supervisor, run_cli
 from tests.support.waiting import wait_for
@@ -323,7 +324,7 @@ def test_the_producer_cannot_use_the_definer_functions_on_others_jobs(
 def test_a_producers_temporary_table_does_not_stand_in_for_the_queues(
     logins: dict[str, str], module_dsn: str
 ) -> None:
-    """Every function of the schema names pg_temp last in its search_path (schema/0029): else
+    """Every function of the schema names pg_temp last in its search_path (schema/0030): else
     a producer's temporary `job_unique` stands in for the queue's in the insert's trigger and in
     the key's release by the definer that cancels the job (as its owner), and the key is lost
     or stays held by a cancelled job."""
@@ -348,3 +349,30 @@ def test_a_producers_temporary_table_does_not_stand_in_for_the_queues(
             admin.execute(sql.SQL("REVOKE TEMPORARY ON DATABASE {} FROM {}").format(
                 sql.Identifier(admin.info.dbname), sql.Identifier(login)
             ))  # fmt: skip
+
+
+def test_the_roles_keep_their_rights_once_the_table_is_partitioned(
+    logins: dict[str, str], module_dsn: str
+) -> None:
+    """`partition` (schema/0029) makes a new job table: it carries the old one's privileges,
+    table and columns, so every role does what it did, and nothing more. The last test of
+    the module: the module's database stays partitioned."""
+    with psycopg.connect(module_dsn, autocommit=True) as admin:
+        assert db_partitions.convert(admin, "pgq", interval=86400.0, lock_timeout=10.0)
+    with psycopg.connect(logins["producer"], autocommit=True) as conn:
+        first = pgq.enqueue(conn, "noop", {"n": 1}, tenant="acme")
+        pgq.enqueue(conn, "noop", {"n": 2}, depends_on=[first])
+        pgq.enqueue(conn, "noop", {"n": 3}, ordered_key="o")
+        assert pgq.get_job(conn, first).state is pgq.JobState.PENDING
+    for statement in [
+        "UPDATE pgq.job SET priority = 1",
+        "INSERT INTO pgq.job (type, payload, state) VALUES ('noop', '{}', 'succeeded')",
+        *PARTITIONING,
+    ]:
+        _refused(logins["producer"], statement)
+    _refused(logins["dashboard"], "UPDATE pgq.job SET priority = 1")
+    with psycopg.connect(logins["worker"], autocommit=True) as conn:
+        for statement in PARTITIONING:  # the maintenance DDL, through its definers
+            conn.execute(statement)
+        claimed = conn.execute("SELECT count(*) FROM pgq.job WHERE type = 'noop'").fetchone()
+        assert claimed is not None and claimed[0] >= 2

@@ -74,8 +74,8 @@ CHANGES: list[tuple[LiteralString, str]] = [
     ("ALTER TABLE job ALTER COLUMN priority SET DEFAULT 5", r"^    priority +integer DEFAULT 5 "),
     ("ALTER TABLE job ALTER COLUMN origin SET NOT NULL", r"^    origin +text NOT NULL,$"),
     ("ALTER TABLE job ADD CONSTRAINT job_dummy CHECK (priority < 1000)", r"job_dummy CHECK"),
-    ("ALTER TABLE job_unique SET (fillfactor = 80)", r"fillfactor=80\)"),
-    ("CREATE INDEX job_dummy_idx ON job (origin)", r"^CREATE INDEX job_dummy_idx ON ONLY job "),
+    ("ALTER TABLE job SET (fillfactor = 80)", r"fillfactor=80\)"),
+    ("CREATE INDEX job_dummy_idx ON job (origin)", r"^CREATE INDEX job_dummy_idx ON job "),
     ("ALTER TYPE job_state ADD VALUE 'dummy'", r"'cancelled', 'dummy'\);$"),
     (
         "CREATE FUNCTION dummy() RETURNS int LANGUAGE sql AS 'SELECT 1'",

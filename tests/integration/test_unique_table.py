@@ -1,9 +1,9 @@
 """The unique key's own table (schema/0027): one unfinished job per key without the wide
 table's unique index.
 
-job_unique_key_idx stayed one version (producers of the previous version named it in their
-ON CONFLICT); schema 0029 partitions the job table and drops it (a partitioned table cannot
-have it), so job_unique alone refuses a second holder.
+job_unique_key_idx stays for one version (producers of the previous version name it in their
+ON CONFLICT); each test here drops it first, so that only job_unique can refuse a second
+holder, as it alone will once the job table is partitioned (issue 35, step 4).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from tests.support.db import SCHEMA, count_rows, get, in_threads
 @pytest.fixture
 def bare(conn: Conn) -> Iterator[Conn]:
     """A queue whose wide table has no unique index on unique_key."""
-    conn.execute("DROP INDEX IF EXISTS pgq.job_unique_key_idx")  # gone since schema 0029
+    conn.execute("DROP INDEX pgq.job_unique_key_idx")
     yield conn
     assert violations(conn) == []  # U1: job_unique is exactly the unfinished keyed jobs
 
@@ -160,14 +160,12 @@ PREVIOUS_ENQUEUE_UNIQUE = (
 )
 
 
-def test_a_producer_from_before_the_partitions_is_refused_and_writes_nothing(
-    conn: Conn,
-) -> None:
-    """Schema 0029 dropped the index its ON CONFLICT names: such producers must be upgraded
-    before the migration (docs/operations.md: stop, migrate, start)."""
-    pgq.enqueue(conn, "sync", unique_key="k")
-    with pytest.raises(psycopg.errors.InvalidColumnReference, match="ON CONFLICT"):
-        conn.execute(PREVIOUS_ENQUEUE_UNIQUE, ("n",))
-    assert set(holders(conn)) == {"k"}
-    assert count_rows(conn, where="type = 'sync'") == 1
+def test_a_producer_of_the_previous_version_still_takes_keys(conn: Conn) -> None:
+    (old,) = conn.execute(PREVIOUS_ENQUEUE_UNIQUE, ("k",)).fetchall()
+    assert holders(conn) == {"k": str(old[0])}
+    assert conn.execute(PREVIOUS_ENQUEUE_UNIQUE, ("k",)).fetchall() == []
+    assert pgq.enqueue(conn, "sync", unique_key="k") == old[0]
+    new = pgq.enqueue(conn, "sync", unique_key="n")
+    assert conn.execute(PREVIOUS_ENQUEUE_UNIQUE, ("n",)).fetchall() == []
+    assert set(holders(conn)) == {"k", "n"} and holders(conn)["n"] == str(new)
     assert violations(conn) == []

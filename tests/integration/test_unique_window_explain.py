@@ -12,7 +12,6 @@ from pgq_supervisor import db
 from pgq_supervisor.db import Conn
 from pgq_supervisor.db.plans import run
 from pgq_supervisor.jobs import NewJob
-from tests.support import plans as plans_
 
 FILL = """
 INSERT INTO pgq.job (type, payload, state, max_retry_count, started_at, stopped_at, worker_id,
@@ -65,8 +64,7 @@ def test_the_window_lookup_uses_its_partial_index(conn: Conn) -> None:
     plans = _nested_plans(conn)
     lookups = [p for p in plans if "unique_key" in p and "coalesce" in p.lower()]
     assert lookups, plans
-    doc = json.loads(lookups[0])
-    scans = _scans(plans_.unpartitioned(doc["Plan"]))
+    scans = _scans(json.loads(lookups[0]))
     assert ("Seq Scan", "") not in scans, scans
     indexes = {index for _, index in scans}
     assert {"job_unique_pkey", "job_unique_finished_idx"} <= indexes, scans  # schema/0027

@@ -23,7 +23,13 @@ from pgq_supervisor.supervisor.maintenance.partitions import Partitions
 from tests.conftest import _Copies, _migrated_copy
 from tests.property.invariants import violations
 from tests.support.db import claim_one, raw_row
-from tests.support.partitions import STILL_TO_RUN, made_days_ago, partitions, still_to_run
+from tests.support.partitions import (
+    STILL_TO_RUN,
+    made_days_ago,
+    partition,
+    partitions,
+    still_to_run,
+)
 
 FINISHED = ("succeeded", "failed", "cancelled", "failed_long_ago")
 WEEK = 7 * 86400.0
@@ -58,6 +64,7 @@ def test_a_partition_is_dropped_only_when_no_job_in_it_is_still_to_run(
     _copies: _Copies, kinds: list[str]
 ) -> None:
     with _migrated_copy(_copies) as dsn, psycopg.connect(dsn, autocommit=True) as conn:
+        assert partition(conn)
         first = pgq.enqueue(conn, "blocker", {}, ordered_key="k")  # made now: elsewhere
         kept: list[JobId] = []
         past: list[JobId] = []

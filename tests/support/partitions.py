@@ -1,9 +1,9 @@
 """Jobs in the job table's oldest partition (schema/0029), for the partition tests.
 
-A test database is a copy of a template migrated at the start of the session, so its
-`job_legacy` partition holds every id made before then. The jobs made here get ids of three
-days ago (the id's time is faked, as a client with a slow clock would make them), so they land
-in it, and a partition that old is the one retention looks at.
+`partition` turns a test's database into the partitioned one; its `job_legacy` partition then
+holds every id made before that. The jobs made here get ids of three days ago (the id's time
+is faked, as a client with a slow clock would make them), so they land in it, and a partition
+that old is the one retention looks at.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import pgq_supervisor as pgq
 from pgq_supervisor import db
 from pgq_supervisor.db import Conn
 from pgq_supervisor.db import params as db_params
+from pgq_supervisor.db import partitions as db_partitions
 from pgq_supervisor.jobs import AttemptKind, BundleId, JobId
 from tests.support.db import claim_one
 
@@ -43,6 +44,12 @@ def made_days_ago() -> Iterator[None]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(db_params, "time", PastClock())
         yield
+
+
+def partition(conn: Conn) -> bool:
+    """The database's job table partitioned (as the `partition` command does); False when it
+    was already."""
+    return db_partitions.convert(conn, "pgq", interval=86400.0, lock_timeout=10.0)
 
 
 def partition_of(conn: Conn, job_id: JobId) -> str:

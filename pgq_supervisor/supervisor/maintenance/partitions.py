@@ -16,7 +16,6 @@ lets one at a time do the work, the others find it busy and come back at their n
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass, field
 
 from pgq_supervisor.db import Conn
@@ -27,7 +26,6 @@ from pgq_supervisor.settings import Settings
 log = logging.getLogger(__name__)
 
 PARTITIONS_EVERY = 60.0  # seconds between rounds
-AHEAD = 3 * 3600.0  # partitions exist this far ahead of now (at least two intervals)
 MAX_STEPS = 16  # partitions looked at per round
 
 
@@ -81,7 +79,7 @@ class Partitions:
             raise ValueError(f"partition_interval must be >= 60 seconds, got {interval}")
         self.schema = schema
         self.interval = interval
-        self.ahead = max(2, math.ceil(AHEAD / interval))
+        self.ahead = db_partitions.ahead_of(interval)
         self.retain_succeeded = retain_succeeded
         self.retain_failed = retain_failed
         self.max_carry = max_carry
