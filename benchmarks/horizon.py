@@ -229,11 +229,11 @@ def run_weather(
                     " 1000 * extract(epoch FROM percentile_cont(0.99)"
                     "   WITHIN GROUP (ORDER BY started_at - created_at))::float8,"
                     " (SELECT sum(pg_total_relation_size(relid))::bigint"
-                    "  FROM pg_partition_tree('pgq.job')),"
+                    "  FROM pgq.job_tables() relid),"
                     " (SELECT sum(pg_total_relation_size(c.oid))::bigint FROM pg_class c"
                     "  WHERE c.relnamespace = 'pgq'::regnamespace AND c.relkind IN ('r', 'm')),"
                     " (SELECT sum(n_dead_tup)::bigint FROM pg_stat_user_tables"
-                    "  WHERE relid IN (SELECT relid FROM pg_partition_tree('pgq.job')))"
+                    "  WHERE relid IN (SELECT pgq.job_tables()))"
                     " FROM pgq.job"
                 ).fetchone()
             code = sup.stop()

@@ -65,6 +65,7 @@ class Options:
     wal_jobs: int
     retention_jobs: int
     supervisor_args: tuple[str, ...]
+    partitioned: bool  # every scratch database's job table partitioned (not the default)
     output: Path | None
     markdown: bool
     argv: tuple[str, ...]
@@ -95,6 +96,7 @@ class Options:
             "wal_jobs": self.wal_jobs,
             "retention_jobs": self.retention_jobs,
             "supervisor_args": list(self.supervisor_args),
+            "partitioned": self.partitioned,
         }
 
 
@@ -210,6 +212,12 @@ def _parser() -> argparse.ArgumentParser:
         metavar="FLAGS",
         help="extra flags for every supervisor, e.g. '--claim-batch 200'",
     )
+    add(
+        "--partitioned",
+        action="store_true",
+        help="our job table partitioned in every scratch database (opt-in: `partition`;"
+        " not the default)",
+    )
     add("--output", type=Path, help="JSON file (default: benchmarks/results/<UTC time>.json)")
     add("--markdown", action="store_true", help="also print the table as markdown")
     return p
@@ -274,6 +282,7 @@ def parse_args(argv: Sequence[str]) -> Options:
         wal_jobs=ns.wal_jobs,
         retention_jobs=ns.retention_jobs,
         supervisor_args=extra,
+        partitioned=ns.partitioned,
         output=ns.output,
         markdown=ns.markdown,
         argv=tuple(argv),

@@ -1291,7 +1291,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = datetime.now(UTC)
     load = os.getloadavg()
     server = find_server(opts.dsn)
-    scratch = Scratch(server)
+    scratch = Scratch(server, partitioned=opts.partitioned)
     bench = Bench(opts, server, scratch)
     interrupted = False
     try:

@@ -18,6 +18,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import TupleRow
 
 import pgq_supervisor as pgq
+from pgq_supervisor.db import partitions as db_partitions
 
 LOCAL_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres connect_timeout=2"
 SCHEMA = "pgq"
@@ -80,10 +81,11 @@ def db_dsn(server: Server, dbname: str) -> str:
 class Scratch:
     """Scratch databases named bench_<run id>_<purpose>, all dropped by close()."""
 
-    def __init__(self, server: Server) -> None:
+    def __init__(self, server: Server, *, partitioned: bool = False) -> None:
         self.server = server
         self.run_id = f"{os.getpid()}_{uuid.uuid4().hex[:6]}"
         self.created: list[str] = []
+        self.partitioned = partitioned
 
     def create(self, purpose: str, *, migrate: bool = False) -> str:
         """Create an empty database (with our schema if `migrate`); returns its DSN."""
@@ -95,6 +97,8 @@ class Scratch:
         if migrate:
             with psycopg.connect(dsn, autocommit=True) as conn:
                 pgq.migrate(conn, schema=SCHEMA)
+                if self.partitioned:  # --partitioned: the opt-in layout (schema/0029)
+                    db_partitions.convert(conn, SCHEMA, interval=86400.0, lock_timeout=10.0)
         return dsn
 
     def close(self) -> None:

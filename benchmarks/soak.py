@@ -174,8 +174,8 @@ def _produce(
             time.sleep(max(0.0, start + (elapsed // TICK + 1) * TICK - time.monotonic()))
 
 
-# the job table's size, summed over its partitions (schema/0029)
-JOB_SIZES = "SELECT sum({size}(relid)) FROM pg_partition_tree('pgq.job')"
+# the job table's size, summed over its partitions where it has some (schema/0029)
+JOB_SIZES = "SELECT sum({size}(t)) FROM pgq.job_tables() t"
 
 
 def _scalar(conn: psycopg.Connection[TupleRow], query: str, *params: object) -> float:
@@ -215,7 +215,7 @@ class Sampler:
         claim = [None if v is None else v.total_seconds() * 1000 for v in (row or (None, None))]
         stats = c.execute(  # summed over the job table's partitions (schema/0029)
             "SELECT sum(n_dead_tup), sum(autovacuum_count) FROM pg_stat_user_tables"
-            " WHERE relid IN (SELECT relid FROM pg_partition_tree('pgq.job'))"
+            " WHERE relid IN (SELECT pgq.job_tables())"
         ).fetchone()
         wakes, self.wakes = self.wakes, []
         return Minute(

@@ -37,6 +37,17 @@ $$;
 
 -- ---- partition maintenance (a supervisor's pruner calls these; docs/storage.md) ---------------
 
+-- The tables that hold job's rows: job itself, or its partitions (what sizes and statistics
+-- are summed over: a partitioned table holds none of its own).
+CREATE FUNCTION job_tables() RETURNS SETOF regclass
+LANGUAGE sql STABLE SET search_path FROM CURRENT AS $$
+    SELECT c.oid::regclass
+    FROM pg_class c
+    WHERE c.relkind = 'r'
+      AND (c.oid = 'job'::regclass
+           OR c.oid IN (SELECT t.relid FROM pg_partition_tree('job'::regclass) t))
+$$;
+
 -- job's partitions and their bounds: `lo` NULL for MINVALUE, both NULL for the default one.
 CREATE FUNCTION job_partitions(OUT name text, OUT lo uuid, OUT hi uuid, OUT is_default boolean)
 RETURNS SETOF record

@@ -2345,6 +2345,19 @@ BEGIN
     RETURN NULL;
 END $function$;
 
+CREATE OR REPLACE FUNCTION job_tables()
+ RETURNS SETOF regclass
+ LANGUAGE sql
+ STABLE
+ SET search_path FROM CURRENT
+AS $function$
+    SELECT c.oid::regclass
+    FROM pg_class c
+    WHERE c.relkind = 'r'
+      AND (c.oid = 'job'::regclass
+           OR c.oid IN (SELECT t.relid FROM pg_partition_tree('job'::regclass) t))
+$function$;
+
 CREATE OR REPLACE FUNCTION job_tenant_type()
  RETURNS trigger
  LANGUAGE plpgsql

@@ -265,7 +265,8 @@ def create_dashboard_indexes(conn: Conn, schema: str, *, payload: bool = False) 
     must be in autocommit mode (CONCURRENTLY cannot run in a transaction)."""
     names = [*DASHBOARD_INDEXES, *([PAYLOAD_INDEX] if payload else [])]
     with wrapped():
-        parted = conn.execute(statement("job_partitioned", schema)).fetchone() == (True,)
+        with cursor(conn, scalar_row) as cur:
+            parted = cur.execute(statement("job_partitioned", schema)).fetchone() is True
         for name in names:
             what = sql.SQL(_INDEXED[name])
             if not parted:  # the one table: built CONCURRENTLY on it

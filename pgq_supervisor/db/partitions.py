@@ -23,7 +23,7 @@ class PartitionEnsureParams(TypedDict):
     ahead: int
 
 
-class PartitionConvertParams(PartitionEnsureParams):
+class LockTimeoutParams(TypedDict):
     lock_timeout: int  # milliseconds
 
 
@@ -43,8 +43,8 @@ class PartitionExpireParams(PartitionParams):
 
 
 PARTITION_PARAMS: dict[str, type] = {
-    "partition_convert": PartitionConvertParams,
-    "partition_lock_timeout": PartitionConvertParams,
+    "partition_convert": PartitionEnsureParams,
+    "partition_lock_timeout": LockTimeoutParams,
     "partition_ensure": PartitionEnsureParams,
     "partition_clean": PartitionCleanParams,
     "partition_expire": PartitionExpireParams,
@@ -72,13 +72,10 @@ def convert(conn: Conn, schema: str, *, interval: float, lock_timeout: float) ->
     """Partition the job table (schema/0029's job_partition_convert) in one transaction,
     waiting at most `lock_timeout` seconds for its lock; False when it is partitioned already.
     Raises DatabaseError ("lock timeout" when the lock was not had)."""
-    params: PartitionConvertParams = {
-        "interval": interval,
-        "ahead": ahead_of(interval),
-        "lock_timeout": int(lock_timeout * 1000),
-    }
+    params: PartitionEnsureParams = {"interval": interval, "ahead": ahead_of(interval)}
+    waits: LockTimeoutParams = {"lock_timeout": int(lock_timeout * 1000)}
     with wrapped(), atomic(conn):
-        conn.execute(statement("partition_lock_timeout", schema), params)
+        conn.execute(statement("partition_lock_timeout", schema), waits)
         with cursor(conn, scalar_row) as cur:
             done: bool | None = cur.execute(
                 statement("partition_convert", schema), params

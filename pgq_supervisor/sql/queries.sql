@@ -107,12 +107,7 @@ RETURNING id, type, origin, num_jobs, num_jobs_stopped, on_complete, created_at,
 -- pinned and merging in the delayed jobs come due from job_delayed_idx. The update then finds
 -- them by primary key (a join to a CTE here made the planner hash-join a sequential scan of the
 -- whole table). A job enqueued without max_retry_count gets its handler's default here.
-WITH picked AS MATERIALIZED (
-    SELECT ARRAY(SELECT u FROM unnest({schema}.claim_pick(%(types)s::text[], %(limit)s::int,
-                                                          %(lease)s::uuid)) u
-                 ORDER BY u) AS ids
-),
-claimed AS (
+WITH claimed AS (
     UPDATE {schema}.job j
     SET state = 'running', started_at = now(), worker_alive_at = now(), worker_id = %(worker_id)s,
         lease = %(lease)s, updated_at = now(),
@@ -127,9 +122,8 @@ claimed AS (
     -- spelled through the timestamps (the CHECKs make "never started, never stopped" mean
     -- pending) because `state = 'pending'` lets the planner walk the whole job_claim_idx
     -- instead of the primary key (PostgreSQL 18 did).
-    WHERE j.id = ANY((SELECT p.ids FROM picked p)::uuid[])
-      AND j.id BETWEEN (SELECT p.ids[1] FROM picked p)
-                   AND (SELECT p.ids[cardinality(p.ids)] FROM picked p)
+    WHERE j.id = ANY((SELECT {schema}.claim_pick(%(types)s::text[], %(limit)s::int,
+                                                 %(lease)s::uuid))::uuid[])
       AND j.started_at IS NULL AND j.stopped_at IS NULL
     RETURNING j.id, j.type, j.payload, j.priority, j.current_retry_count + 1 AS attempt,
               j.max_retry_count, j.timeout, j.bundle_id, j.lease, j.created_at,
@@ -224,7 +218,6 @@ updated AS (
         result = r.result, error_msg = NULL, error_data = NULL, updated_at = now()
     FROM unnest(%(ids)s::uuid[], %(results)s::jsonb[]) AS r(id, result)
     WHERE j.id = r.id AND j.state = 'running' AND j.lease = %(done_lease)s
-      AND j.id BETWEEN (%(ids)s::uuid[])[1] AND (%(ids)s::uuid[])[cardinality(%(ids)s::uuid[])]
       AND j.id <> ALL(ARRAY(SELECT g.id FROM gone g))
       AND (SELECT count(*) FROM waiting) >= 0
     RETURNING j.id
@@ -273,7 +266,6 @@ updated AS (
         result = r.result, error_msg = NULL, error_data = NULL, updated_at = now()
     FROM unnest(%(ids)s::uuid[], %(results)s::jsonb[]) AS r(id, result)
     WHERE j.id = r.id AND j.state = 'running' AND j.lease = %(done_lease)s
-      AND j.id BETWEEN (%(ids)s::uuid[])[1] AND (%(ids)s::uuid[])[cardinality(%(ids)s::uuid[])]
       AND j.id <> ALL(ARRAY(SELECT g.id FROM gone g))
       AND (SELECT count(*) FROM waiting) >= 0
     RETURNING j.id
@@ -287,12 +279,6 @@ sent AS (
           FROM (SELECT id, (row_number() OVER () - 1) / 200 AS chunk FROM done) k
           GROUP BY k.chunk) c
 ),
-picked AS MATERIALIZED (
-    SELECT ARRAY(SELECT u FROM unnest({schema}.claim_pick(%(types)s::text[], %(limit)s::int,
-                                                          %(lease)s::uuid)) u
-                 ORDER BY u) AS ids
-    WHERE (SELECT count(*) FROM done) >= 0
-),
 claimed AS (
     UPDATE {schema}.job j
     SET state = 'running', started_at = now(), worker_alive_at = now(), worker_id = %(worker_id)s,
@@ -300,15 +286,15 @@ claimed AS (
         max_retry_count = coalesce(
             j.max_retry_count,
             (%(max_retry_counts)s::int[])[array_position(%(types)s::text[], j.type)])
-    -- `WHERE (SELECT count(*) FROM done) >= 0` (in `picked`), always true, runs the completion before
+    -- `WHERE (SELECT count(*) FROM done) >= 0`, always true, runs the completion before
     -- claim_pick: a volatile function sees what its calling statement has written so far, so
     -- a concurrency limit counts the jobs completed here as finished and their slots as free
     -- (counted as running, a full batch under a limit came back as a sliver of one, or empty).
     -- The dependents the completion releases are released by an AFTER trigger, at the end of
     -- the statement: this claim does not see them, and updates no row a trigger has changed.
-    WHERE j.id = ANY((SELECT p.ids FROM picked p)::uuid[])
-      AND j.id BETWEEN (SELECT p.ids[1] FROM picked p)
-                   AND (SELECT p.ids[cardinality(p.ids)] FROM picked p)
+    WHERE j.id = ANY((SELECT {schema}.claim_pick(%(types)s::text[], %(limit)s::int,
+                                                 %(lease)s::uuid)
+                      WHERE (SELECT count(*) FROM done) >= 0)::uuid[])
       AND j.started_at IS NULL AND j.stopped_at IS NULL
     RETURNING j.id, j.type, j.payload, j.priority, j.current_retry_count + 1 AS attempt,
               j.max_retry_count, j.timeout, j.bundle_id, j.lease, j.created_at,
@@ -1289,7 +1275,7 @@ FROM pg_catalog.pg_prepared_xacts p
 ORDER BY p.prepared
 
 -- name: health_table
--- The job table's vacuum state, summed over its partitions (schema/0029): the statistics
+-- The job table's vacuum state, summed over its partitions where it has some (schema/0029): the statistics
 -- collector's counts (approximate), its size with indexes and TOAST, its last vacuum of each
 -- kind, and the autovacuum options its partitions are made with (the default partition's).
 SELECT sum(s.n_live_tup)::bigint AS live_tuples, sum(s.n_dead_tup)::bigint AS dead_tuples,
@@ -1301,10 +1287,9 @@ SELECT sum(s.n_live_tup)::bigint AS live_tuples, sum(s.n_dead_tup)::bigint AS de
                  WHERE d.oid = to_regclass(quote_ident(%(schema)s::text) || '.job_default')),
                 ARRAY[]::text[]) AS options,
        count(*)::int AS partitions
-FROM pg_catalog.pg_partition_tree((quote_ident(%(schema)s::text) || '.job')::regclass) t
-JOIN pg_catalog.pg_class c ON c.oid = t.relid
+FROM {schema}.job_tables() t
+JOIN pg_catalog.pg_class c ON c.oid = t
 JOIN pg_catalog.pg_stat_all_tables s ON s.relid = c.oid
-WHERE t.isleaf
 HAVING count(*) > 0
 
 -- name: health_settings

@@ -28,7 +28,7 @@ def _claimed_since(db: Conn, since: datetime) -> bool:
     row = db.execute(
         "SELECT count(*) FROM pg_stat_activity"
         " WHERE datname = current_database() AND application_name = 'pgq-worker'"
-        " AND state = 'idle' AND query_start > %s AND query LIKE 'WITH picked AS MATERIALIZED (%%'",
+        " AND state = 'idle' AND query_start > %s AND query LIKE 'WITH claimed AS (%%'",
         (since,),
     ).fetchone()
     return row is not None and row[0] != 0

@@ -546,6 +546,7 @@ FUNCTIONS |= {
     "id_floor",  # schema/0029: job partitioned by id range (opt-in), retention drops partitions
     "id_time",
     "job_partitioned",
+    "job_tables",
     "job_partitions",
     "job_partition_lock",
     "job_partition_name_indexes",

@@ -21,6 +21,7 @@ import pgq_supervisor as pgq
 from pgq_supervisor import db, schema
 from pgq_supervisor.db import Conn
 from pgq_supervisor.db import params as db_params
+from pgq_supervisor.db.health import read_health
 from pgq_supervisor.jobs import AttemptKind, JobId, JobState
 from pgq_supervisor.supervisor.maintenance.partitions import PartitionRound, Partitions
 from pgq_supervisor.supervisor.maintenance.retention import Pruner
@@ -314,3 +315,14 @@ def test_partitioning_keeps_every_job_where_it_is_and_runs_none_twice(
 def holders_of(conn: Conn) -> dict[str, JobId]:
     rows = conn.execute("SELECT unique_key, job_id FROM pgq.job_unique").fetchall()
     return {str(r[0]): JobId(r[1]) for r in rows}
+
+
+def test_doctor_sums_the_table_over_its_partitions(conn: Conn, old_ids: None) -> None:
+    for _ in range(3):
+        pgq.enqueue(conn, "t", {})
+    conn.execute("VACUUM ANALYZE pgq.job")
+    table = read_health(conn, "pgq", older_than=60.0).table
+    assert table is not None
+    assert table.partitions == len(partitions(conn)) >= 3
+    assert table.live_tuples == 3 and table.total_bytes > 0
+    assert "fillfactor=90" in table.options  # the partitions' settings
