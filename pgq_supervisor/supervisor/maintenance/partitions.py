@@ -1,5 +1,6 @@
-"""Partitions of the job table (schema/0029): made ahead of the enqueue times that need them,
-and dropped whole once every job in them is finished and past its retention window.
+"""Partitions of the job table (schema/0029), where it has them (opt-in: `partition`; a round
+does nothing on the one table): made ahead of the enqueue times that need them, and dropped
+whole once every job in them is finished and past its retention window.
 
 One round (every PARTITIONS_EVERY seconds, on the control connection): the partitions of the
 next `ahead` intervals are made; then each partition old enough to drop (its ids end before
@@ -27,8 +28,6 @@ log = logging.getLogger(__name__)
 
 PARTITIONS_EVERY = 60.0  # seconds between rounds
 MAX_STEPS = 16  # partitions looked at per round
-
-
 # a partition past its time may wait this long for a round to drop it before the pruner
 # deletes its jobs row by row (a round a minute; a busy one tries again)
 GRACE = 600.0
