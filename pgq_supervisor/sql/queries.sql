@@ -554,10 +554,11 @@ WHERE id = ANY(ARRAY(
     SELECT id FROM {schema}.job
     WHERE state = ANY(%(states)s::{schema}.job_state[])
       AND stopped_at < now() - make_interval(secs => %(older_than)s)
-      AND (NOT {schema}.job_partitioned()
-           OR id < {schema}.id_floor(now() - make_interval(secs => %(zone)s))
-           OR tableoid = to_regclass(quote_ident(%(schema)s::text) || '.job_default')
-           OR tableoid = to_regclass(quote_ident(%(schema)s::text) || '.job_legacy'))
+      -- each sub-select runs once (an InitPlan), not once a row
+      AND ((SELECT NOT {schema}.job_partitioned())
+           OR id < (SELECT {schema}.id_floor(now() - make_interval(secs => %(zone)s)))
+           OR tableoid = (SELECT to_regclass(quote_ident(%(schema)s::text) || '.job_default'))
+           OR tableoid = (SELECT to_regclass(quote_ident(%(schema)s::text) || '.job_legacy')))
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED))
 
