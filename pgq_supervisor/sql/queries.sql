@@ -1278,14 +1278,17 @@ ORDER BY p.prepared
 -- name: health_table
 -- The job table's vacuum state, summed over its partitions where it has some (schema/0029): the statistics
 -- collector's counts (approximate), its size with indexes and TOAST, its last vacuum of each
--- kind, and the autovacuum options its partitions are made with (the default partition's).
+-- kind, and its autovacuum options (a partitioned table's: its partitions', the default
+-- partition's).
 SELECT sum(s.n_live_tup)::bigint AS live_tuples, sum(s.n_dead_tup)::bigint AS dead_tuples,
        sum(pg_total_relation_size(c.oid))::bigint AS total_bytes,
        sum(pg_relation_size(c.oid))::bigint AS table_bytes,
        max(s.last_vacuum) AS last_vacuum, max(s.last_autovacuum) AS last_autovacuum,
        sum(s.autovacuum_count)::bigint AS autovacuum_count,
        coalesce((SELECT d.reloptions FROM pg_catalog.pg_class d
-                 WHERE d.oid = to_regclass(quote_ident(%(schema)s::text) || '.job_default')),
+                 WHERE d.oid = coalesce(
+                     to_regclass(quote_ident(%(schema)s::text) || '.job_default'),
+                     to_regclass(quote_ident(%(schema)s::text) || '.job'))),
                 ARRAY[]::text[]) AS options,
        count(*)::int AS partitions
 FROM {schema}.job_tables() t

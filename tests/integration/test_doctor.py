@@ -15,6 +15,8 @@ from starlette.testclient import TestClient
 import pgq_supervisor as pgq
 from pgq_supervisor import db
 from pgq_supervisor.db import Conn
+from pgq_supervisor.db import partitions as db_partitions
+from pgq_supervisor.db.health import read_health
 from pgq_supervisor.supervisor.maintenance.vacuum_health import VacuumHealth
 from pgq_supervisor.supervisor.metrics import Metrics, QueueMetrics
 from pgq_supervisor.web import create_app
@@ -231,3 +233,20 @@ def test_the_unserved_gauge_counts_pending_jobs_no_live_supervisor_serves(conn: 
     assert (unserved("gret"), unserved("greet")) == (3, 0)  # served now: 0, not a stale 1
     conn.execute("UPDATE pgq.supervisor SET seen_at = now() - interval '4 seconds'")
     assert unserved("greet") == 1  # its row is older than 3 x heartbeat_interval: stale
+
+
+def test_the_job_tables_figures_and_options_are_read_whether_partitioned_or_not(
+    conn: Conn,
+) -> None:
+    """One table, or its partitions summed (schema/0029, `partition`): the same figures."""
+    for _ in range(3):
+        pgq.enqueue(conn, "t", {})
+    conn.execute("VACUUM ANALYZE pgq.job")
+    one = read_health(conn, "pgq", older_than=60.0).table
+    assert one is not None and one.partitions == 1 and one.live_tuples == 3
+    assert "fillfactor=90" in one.options  # the table's own settings
+    assert db_partitions.convert(conn, "pgq", interval=86400.0, lock_timeout=10.0)
+    conn.execute("VACUUM ANALYZE pgq.job")
+    parted = read_health(conn, "pgq", older_than=60.0).table
+    assert parted is not None and parted.partitions >= 3 and parted.live_tuples == 3
+    assert "fillfactor=90" in parted.options  # the settings its partitions are made with
