@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 from typing import TypeVar
 
+import psycopg
+
 from pgq_supervisor.connect import open_db
 from pgq_supervisor.db import partitions as db_partitions
 from pgq_supervisor.errors import DatabaseError
@@ -43,7 +45,7 @@ def cmd_partition(args: argparse.Namespace, settings: Settings) -> int:
                 lock_timeout=args.lock_timeout,
             )
         except DatabaseError as exc:
-            if "lock timeout" not in str(exc):
+            if not isinstance(exc.__cause__, psycopg.errors.LockNotAvailable):
                 raise
             print(
                 f"error: the job table stayed locked for {args.lock_timeout:g} s (stop the"

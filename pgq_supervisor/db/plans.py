@@ -138,7 +138,7 @@ class _Atomic(Generic[T]):
 
     def __init__(self, plan: Plan[T], *, bare: bool) -> None:
         self.plan, self.bare = plan, bare
-        self.result: T | None = None
+        self.result: T  # set by run or run_async, which the driver calls before resuming
 
     def run(self, conn: Conn) -> None:
         with conn.transaction() if self.bare else atomic_sync(conn):
@@ -181,7 +181,7 @@ def atomic(plan: Plan[T]) -> Plan[T]:
     transaction; psycopg's errors become ours)."""
     step = _Atomic(plan, bare=False)
     yield step
-    return step.result  # type: ignore[return-value]  # set: the step ran to its end
+    return step.result
 
 
 def savepoint(plan: Plan[T]) -> Plan[T]:
@@ -189,7 +189,7 @@ def savepoint(plan: Plan[T]) -> Plan[T]:
     come out as psycopg raised them."""
     step = _Atomic(plan, bare=True)
     yield step
-    return step.result  # type: ignore[return-value]  # set: the step ran to its end
+    return step.result
 
 
 class Twin(Generic[P, T]):

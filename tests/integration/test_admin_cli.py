@@ -9,6 +9,7 @@ import subprocess
 import uuid
 from typing import Any
 
+import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
@@ -608,3 +609,15 @@ def test_dashboard_indexes_are_opt_in_and_created_once(dsn: str, conn: Conn) -> 
         "SELECT indexdef FROM pg_indexes WHERE schemaname = 'pgq' AND indexname = %s", (payload,)
     ).fetchone()
     assert found is not None and "gin (payload jsonb_path_ops)" in found[0]
+
+
+def test_partition_converts_once_and_gives_up_on_a_held_table(conn: Conn, dsn: str) -> None:
+    with psycopg.connect(dsn) as reader:  # a session holding the job table
+        reader.execute("SELECT count(*) FROM pgq.job").fetchone()
+        held = run_cli(["partition", "--lock-timeout", "0.2"], dsn)
+    assert held.returncode == 1 and "stayed locked" in held.stdout, (held.stdout, held.stderr)
+    assert conn.execute("SELECT pgq.job_partitioned()").fetchone() == (False,)
+    done = run_cli(["partition"], dsn)
+    assert done.returncode == 0 and "partitioned by enqueue time" in done.stdout, done.stderr
+    again = run_cli(["partition"], dsn)
+    assert again.returncode == 0 and "already" in again.stdout, again.stderr

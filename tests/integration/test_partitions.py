@@ -50,12 +50,13 @@ def old_ids() -> Iterator[None]:
 
 
 WEEK = 7 * 86400.0
-# succeeded jobs are past their window at once; failed and cancelled ones are kept a week
-PARTS = dict(interval=3600.0, retain_succeeded=0.001, retain_failed=WEEK)
 
 
-def run(conn: Conn, **kw: float) -> PartitionRound:
-    return Partitions("pgq", **{**PARTS, **kw}).run_once(conn)  # type: ignore[arg-type]
+def run(conn: Conn, *, interval: float = 3600.0, lock_timeout: float = 0.5) -> PartitionRound:
+    """A round in which succeeded jobs are past their window at once; failed and cancelled
+    ones are kept a week."""
+    parts = Partitions("pgq", interval, 0.001, WEEK, lock_timeout=lock_timeout)
+    return parts.run_once(conn)
 
 
 def test_the_job_table_is_partitioned_by_id_and_jobs_land_by_their_time(conn: Conn) -> None:
